@@ -1,0 +1,200 @@
+//! Request and response values of the engine's domain API.
+
+use crate::cursor::Cursor;
+use crate::state::StreamState;
+
+/// An event as handed in by a producer; cursorlog assigns its seq and time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// Application-defined kind (e.g. "progress", "result"); at most `id_bytes_max` bytes.
+    pub kind: String,
+    /// JSON-RPC request id this event relates to, if any.
+    pub correlation: Option<String>,
+    /// The SSE frame payload, opaque to cursorlog; at most `payload_bytes_max` bytes.
+    pub payload: Vec<u8>,
+}
+
+impl NewEvent {
+    /// An event with a kind and payload and no correlation id.
+    pub fn new(kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self {
+            kind: kind.into(),
+            correlation: None,
+            payload: payload.into(),
+        }
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Its stream.
+    pub stream: u64,
+    /// Its seq within the stream (1-based).
+    pub seq: u64,
+    /// Application-defined kind.
+    pub kind: String,
+    /// JSON-RPC request id, if any.
+    pub correlation: Option<String>,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// When it was appended, ms since the Unix epoch.
+    pub appended_at_ms: u64,
+}
+
+/// Result of opening (or re-opening) a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Session id.
+    pub session: String,
+    /// Its current epoch (1 for a new session).
+    pub epoch: u64,
+    /// True when this call created it.
+    pub created: bool,
+}
+
+/// Result of advancing a session's epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochAdvanced {
+    /// The new current epoch.
+    pub epoch: u64,
+    /// Streams of older epochs that were open and are now `Superseded`.
+    pub superseded: Vec<u64>,
+}
+
+/// Result of expiring a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionExpired {
+    /// Streams that were open and are now `Aborted`.
+    pub aborted: Vec<u64>,
+}
+
+/// A request to open a stream in a session's current epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenStream {
+    /// Owning session.
+    pub session: String,
+    /// The epoch the producer believes is current; a stale one is refused.
+    pub epoch: u64,
+    /// JSON-RPC request id the stream answers; makes the outcome addressable.
+    pub correlation: Option<String>,
+    /// Producer lease in ms: the stream is aborted if not renewed within it.
+    pub lease_ms: Option<u64>,
+}
+
+/// An opened stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// The new, globally unique stream id.
+    pub stream: u64,
+    /// Its epoch.
+    pub epoch: u64,
+}
+
+/// A batch append to a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Append {
+    /// Owning session (checked).
+    pub session: String,
+    /// The stream.
+    pub stream: u64,
+    /// The seq the first event must get. With it, a retry of an already-written batch returns
+    /// the same seqs; without it, the batch is always appended.
+    pub expected_next_seq: Option<u64>,
+    /// The events, in order.
+    pub events: Vec<NewEvent>,
+}
+
+/// Where an append landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Stream epoch (for building cursors).
+    pub epoch: u64,
+    /// The stream.
+    pub stream: u64,
+    /// Seq of the first event of the batch.
+    pub first_seq: u64,
+    /// Seq of the last event of the batch.
+    pub last_seq: u64,
+    /// True when this was a retry of a batch already in the log (nothing written).
+    pub duplicate: bool,
+}
+
+impl Appended {
+    /// The cursor (event id) of the batch's last event.
+    pub fn last_cursor(&self) -> Cursor {
+        Cursor::new(self.epoch, self.stream, self.last_seq)
+    }
+}
+
+/// A terminal tombstone written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Terminated {
+    /// The stream.
+    pub stream: u64,
+    /// The terminal state.
+    pub state: StreamState,
+    /// The terminal seq (the terminal frame's seq, or the head when there is none).
+    pub terminal_seq: u64,
+    /// Event id of the terminal seq.
+    pub cursor: Cursor,
+}
+
+/// One bounded read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBatch {
+    /// Events strictly after the requested seq, in order, gap-free.
+    pub events: Vec<Event>,
+    /// The stream's head when read.
+    pub head: u64,
+    /// The stream's state when read.
+    pub state: StreamState,
+    /// True when the batch reaches the terminal seq: nothing more will ever follow.
+    pub end_of_stream: bool,
+}
+
+/// The terminal outcome of a stream, addressable by (session, correlation id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The stream answering the correlation id.
+    pub stream: u64,
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its state (`Open` while the call is still running).
+    pub state: StreamState,
+    /// The terminal seq, once terminal.
+    pub terminal_seq: Option<u64>,
+    /// The terminal frame, when the stream ended with one.
+    pub frame: Option<Event>,
+    /// Why it ended.
+    pub reason: Option<String>,
+}
+
+/// Counters and sizes, for the stats RPC and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Sessions remembered.
+    pub sessions: u64,
+    /// Streams remembered.
+    pub streams: u64,
+    /// Segment files.
+    pub segments: u64,
+    /// Bytes in all segments.
+    pub log_bytes: u64,
+    /// Highest LSN written.
+    pub last_lsn: u64,
+    /// Events appended since open.
+    pub events_appended: u64,
+    /// Payload bytes appended since open.
+    pub payload_bytes_appended: u64,
+    /// fdatasync calls on the write path since open.
+    pub fsyncs: u64,
+    /// Group commits since open.
+    pub commit_batches: u64,
+    /// Records written since open.
+    pub records_written: u64,
+    /// Segments deleted by retention since open.
+    pub segments_deleted: u64,
+    /// Microseconds recovery took at open.
+    pub recovery_micros: u64,
+}

@@ -1,0 +1,174 @@
+//! Derives index state from one record. The writer (live) and recovery (replay) both call
+//! [`apply`], so the index a crash rebuilds is the index the live engine had.
+//!
+//! Application is blind: validation happened before the record was written, and replay of a
+//! log whose oldest segments were retired may meet events of a stream whose state arrives
+//! later in a snapshot record.
+
+use crate::error::Result;
+use crate::index::{
+    event_key, open_stream_key, origin_key, outcome_key, KvRead, StoredSession, StoredStream, Txn,
+    ORIGIN_SESSION, ORIGIN_STREAM,
+};
+use crate::log::Position;
+use crate::record::{Record, StreamSnapshot};
+use crate::state::{SessionMeta, StreamMeta, StreamState};
+
+/// Applies `record`, written at `lsn` and `pos`, to the pending index state.
+pub(crate) fn apply(txn: &mut Txn<'_>, lsn: u64, pos: Position, record: &Record) -> Result<()> {
+    match record {
+        Record::SessionOpened {
+            session,
+            epoch,
+            at_ms,
+        } => {
+            let meta = SessionMeta {
+                id: session.clone(),
+                epoch: *epoch,
+                opened_at_ms: *at_ms,
+                expired_at_ms: None,
+            };
+            put_session(txn, meta, lsn)?;
+        }
+        Record::EpochAdvanced { session, epoch, .. } => {
+            if let Some(mut s) = txn.stored_session(session)? {
+                s.meta.epoch = s.meta.epoch.max(*epoch);
+                txn.put_session(&s);
+            }
+        }
+        Record::SessionExpired { session, at_ms } => {
+            if let Some(mut s) = txn.stored_session(session)? {
+                s.meta.expired_at_ms.get_or_insert(*at_ms);
+                txn.put_session(&s);
+            }
+        }
+        Record::SessionSnapshot(meta) => put_session(txn, meta.clone(), lsn)?,
+        Record::StreamOpened(o) => {
+            let meta = StreamMeta {
+                id: o.stream,
+                session: o.session.clone(),
+                epoch: o.epoch,
+                state: StreamState::Open,
+                head: 0,
+                watermark: 1,
+                correlation: o.correlation.clone(),
+                opened_at_ms: o.at_ms,
+                ended_at_ms: None,
+                end_reason: None,
+                has_terminal_frame: false,
+                lease_ms: o.lease_ms,
+            };
+            put_stream(
+                txn,
+                StreamSnapshot {
+                    meta,
+                    terminal_frame: None,
+                },
+                lsn,
+            )?;
+        }
+        Record::StreamSnapshot(snap) => put_stream(txn, snap.clone(), lsn)?,
+        Record::Event(e) => {
+            txn.put_position(e.stream, e.seq, pos);
+            if let Some(mut s) = txn.stored_stream(e.stream)? {
+                s.meta.head = s.meta.head.max(e.seq);
+                txn.put_stream(&s);
+            }
+        }
+        Record::Terminal(t) => {
+            if let Some(frame) = &t.frame {
+                txn.put_position(t.stream, t.terminal_seq, pos);
+                txn.put_terminal_frame(frame);
+            }
+            if let Some(mut s) = txn.stored_stream(t.stream)? {
+                if !s.meta.state.is_terminal() {
+                    s.meta.state = t.state;
+                    s.meta.head = t.terminal_seq;
+                    s.meta.ended_at_ms = Some(t.at_ms);
+                    s.meta.end_reason.clone_from(&t.reason);
+                    s.meta.has_terminal_frame = t.frame.is_some();
+                    txn.remove_raw(open_stream_key(&s.meta.session, t.stream));
+                    txn.put_stream(&s);
+                }
+            }
+        }
+        Record::Trim {
+            stream, watermark, ..
+        } => {
+            let old = match txn.stored_stream(*stream)? {
+                Some(mut s) if s.meta.watermark < *watermark => {
+                    let old = s.meta.watermark;
+                    s.meta.watermark = *watermark;
+                    txn.put_stream(&s);
+                    old
+                }
+                Some(_) => return Ok(()),
+                None => 0,
+            };
+            remove_positions(txn, *stream, old, *watermark)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes index entries of `stream`'s events with `from <= seq < to`.
+pub(crate) fn remove_positions(txn: &mut Txn<'_>, stream: u64, from: u64, to: u64) -> Result<()> {
+    let prefix = &event_key(stream, 0)[..9];
+    for (k, _) in txn.raw_scan(prefix)? {
+        let seq = k
+            .get(9..17)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes);
+        if seq.is_some_and(|s| s >= from && s < to) {
+            txn.remove_raw(k);
+        }
+    }
+    Ok(())
+}
+
+fn put_session(txn: &mut Txn<'_>, meta: SessionMeta, lsn: u64) -> Result<()> {
+    if let Some(old) = txn.stored_session(&meta.id)? {
+        txn.remove_raw(origin_key(
+            old.origin_lsn,
+            ORIGIN_SESSION,
+            meta.id.as_bytes(),
+        ));
+    }
+    txn.put_raw(
+        origin_key(lsn, ORIGIN_SESSION, meta.id.as_bytes()),
+        Vec::new(),
+    );
+    txn.put_session(&StoredSession {
+        meta,
+        origin_lsn: lsn,
+    });
+    Ok(())
+}
+
+fn put_stream(txn: &mut Txn<'_>, snap: StreamSnapshot, lsn: u64) -> Result<()> {
+    let meta = snap.meta;
+    let id = meta.id.to_be_bytes();
+    if let Some(old) = txn.stored_stream(meta.id)? {
+        txn.remove_raw(origin_key(old.origin_lsn, ORIGIN_STREAM, &id));
+    }
+    txn.put_raw(origin_key(lsn, ORIGIN_STREAM, &id), Vec::new());
+    if let Some(c) = &meta.correlation {
+        txn.put_raw(
+            outcome_key(&meta.session, c),
+            meta.id.to_le_bytes().to_vec(),
+        );
+    }
+    if meta.state.is_terminal() {
+        txn.remove_raw(open_stream_key(&meta.session, meta.id));
+    } else {
+        txn.put_raw(open_stream_key(&meta.session, meta.id), Vec::new());
+    }
+    if let Some(frame) = &snap.terminal_frame {
+        txn.put_terminal_frame(frame);
+    }
+    txn.put_stream(&StoredStream {
+        meta,
+        origin_lsn: lsn,
+    });
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! Engine configuration: durability, segment size, limits and retention, all with units.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When an append is made durable relative to its acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncPolicy {
+    /// `fdatasync` before any acknowledgement: an acknowledged append survives power loss.
+    #[default]
+    Always,
+    /// Acknowledge after the write; sync at least every this many milliseconds. A power loss
+    /// can lose at most the last interval of acknowledged appends; a process crash loses none.
+    Interval(u64),
+    /// Never sync on the write path (segments are still synced when sealed and on close).
+    /// A process crash loses nothing; a power loss can lose anything not yet written back.
+    Never,
+}
+
+impl std::str::FromStr for SyncPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            other => match other
+                .strip_prefix("interval:")
+                .or_else(|| other.strip_suffix("ms"))
+            {
+                Some(ms) => ms
+                    .trim_start_matches("interval:")
+                    .parse::<u64>()
+                    .map(Self::Interval)
+                    .map_err(|_| format!("bad sync interval {other:?}: expected e.g. interval:5")),
+                None => Err(format!(
+                    "unknown sync policy {other:?}: expected always, interval:<ms> or never"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for SyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Always => f.write_str("always"),
+            Self::Interval(ms) => write!(f, "interval:{ms}"),
+            Self::Never => f.write_str("never"),
+        }
+    }
+}
+
+/// What is kept and for how long. `None` disables a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    /// Events older than this are evicted (whole segments at a time).
+    pub max_age: Option<Duration>,
+    /// The log is kept below this many bytes by evicting the oldest segments.
+    pub max_total_bytes: Option<u64>,
+    /// Each stream keeps at most this many of its newest events.
+    pub max_events_per_stream: Option<u64>,
+    /// How long the metadata of a terminated stream or an expired session (state, tombstone,
+    /// watermark, outcome) is remembered after it ended, so late cursors still get
+    /// `STREAM_TERMINATED` / `CURSOR_EVICTED` rather than `UNKNOWN_*`.
+    pub metadata_horizon: Duration,
+    /// How often the background retention pass runs.
+    pub check_interval: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_age: None,
+            max_total_bytes: None,
+            max_events_per_stream: None,
+            metadata_horizon: Duration::from_secs(24 * 3600),
+            check_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Engine configuration. [`Config::new`] gives production defaults for a directory.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The data directory (created if missing).
+    pub dir: PathBuf,
+    /// Durability of acknowledged appends.
+    pub sync: SyncPolicy,
+    /// A segment is sealed and a new one started once it reaches this many bytes.
+    pub segment_bytes_max: u64,
+    /// Largest accepted event payload, in bytes.
+    pub payload_bytes_max: u32,
+    /// Most events accepted in one append call.
+    pub batch_events_max: u32,
+    /// Largest accepted session id, correlation id or event kind, in bytes.
+    pub id_bytes_max: u32,
+    /// Most events returned by one read call.
+    pub read_events_max: u32,
+    /// Retention rules.
+    pub retention: Retention,
+}
+
+impl Config {
+    /// Defaults: sync `Always`, 64 MiB segments, 1 MiB payloads, 1024 events a batch.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            sync: SyncPolicy::Always,
+            segment_bytes_max: 64 * 1024 * 1024,
+            payload_bytes_max: 1024 * 1024,
+            batch_events_max: 1024,
+            id_bytes_max: 256,
+            read_events_max: 4096,
+            retention: Retention::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_policy_parses_and_prints() {
+        for p in [
+            SyncPolicy::Always,
+            SyncPolicy::Never,
+            SyncPolicy::Interval(5),
+        ] {
+            assert_eq!(p.to_string().parse::<SyncPolicy>(), Ok(p));
+        }
+        assert_eq!("10ms".parse::<SyncPolicy>(), Ok(SyncPolicy::Interval(10)));
+        assert!("sometimes".parse::<SyncPolicy>().is_err());
+        assert!("interval:x".parse::<SyncPolicy>().is_err());
+    }
+}

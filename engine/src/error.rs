@@ -1,0 +1,194 @@
+//! The engine's error type: I/O, corruption and domain states kept apart.
+//!
+//! Resolve verdicts are *data*, not errors (see [`crate::Verdict`]); everything here is a
+//! request the engine could not carry out, with the reason named.
+
+use std::path::PathBuf;
+
+/// Result alias used across the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a stored frame or file failed its checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CorruptionKind {
+    /// The CRC32 stored in a frame does not match the bytes it covers.
+    Crc {
+        /// CRC computed over the bytes on disk.
+        got: u32,
+        /// CRC stored in the frame header.
+        expected: u32,
+    },
+    /// A segment header does not start with the cursorlog magic.
+    BadMagic,
+    /// A segment header names a format version this build does not read.
+    UnknownVersion(u32),
+    /// A frame length is zero-sized, beyond the limit, or runs past the end of the file.
+    BadLength(u64),
+    /// A frame decoded but its body is not a valid record of its type.
+    BadBody(String),
+    /// Records do not carry the log sequence numbers their position requires.
+    LsnGap {
+        /// The LSN the position requires.
+        expected: u64,
+        /// The LSN found.
+        got: u64,
+    },
+    /// Valid records follow a damaged region of the active segment, so the damage is not a
+    /// torn tail and truncating would drop acknowledged data.
+    DamageBeforeValidRecords,
+}
+
+impl std::fmt::Display for CorruptionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Crc { got, expected } => {
+                write!(
+                    f,
+                    "crc mismatch (computed {got:#010x}, stored {expected:#010x})"
+                )
+            }
+            Self::BadMagic => f.write_str("bad magic"),
+            Self::UnknownVersion(v) => write!(f, "unknown format version {v}"),
+            Self::BadLength(n) => write!(f, "bad frame length {n}"),
+            Self::BadBody(why) => write!(f, "undecodable record body: {why}"),
+            Self::LsnGap { expected, got } => {
+                write!(f, "lsn gap (expected {expected}, found {got})")
+            }
+            Self::DamageBeforeValidRecords => {
+                f.write_str("damaged region followed by valid records (not a torn tail)")
+            }
+        }
+    }
+}
+
+/// Everything the engine can refuse or fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operating-system I/O failure, with what was being done.
+    #[error("i/o error while {context}")]
+    Io {
+        /// What the engine was doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored bytes failed a check; names the file and byte offset.
+    #[error("corruption in {}: at offset {offset}: {kind}", segment.display())]
+    Corruption {
+        /// The damaged file.
+        segment: PathBuf,
+        /// Byte offset of the damaged frame or header.
+        offset: u64,
+        /// What check failed.
+        kind: CorruptionKind,
+    },
+    /// The derived index (sled) failed.
+    #[error("index error: {0}")]
+    Index(#[from] sled::Error),
+    /// A previous write or fsync failed; no write is accepted until the engine is reopened.
+    #[error("engine is poisoned by an earlier failed write or fsync; restart to recover")]
+    Poisoned,
+    /// The engine is shutting down or closed.
+    #[error("engine is closed")]
+    Closed,
+    /// Another process holds the data directory.
+    #[error("data directory {} is locked by another process", dir.display())]
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+    },
+    /// A request argument is invalid; `field` names it.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A request is larger than a configured limit.
+    #[error("{what} is {got} which exceeds the limit of {limit}")]
+    TooLarge {
+        /// What was too large (with its unit).
+        what: &'static str,
+        /// The size given.
+        got: u64,
+        /// The configured limit.
+        limit: u64,
+    },
+    /// The session does not exist (or is past its horizon).
+    #[error("unknown session")]
+    UnknownSession,
+    /// The session exists but was expired.
+    #[error("session is expired")]
+    SessionExpired,
+    /// The stream does not exist in this session.
+    #[error("unknown stream {0}")]
+    UnknownStream(u64),
+    /// An operation named an epoch that is not the session's current one.
+    #[error("stale epoch {given}: the session's current epoch is {current}")]
+    StaleEpoch {
+        /// The epoch given.
+        given: u64,
+        /// The session's current epoch.
+        current: u64,
+    },
+    /// The stream has a terminal tombstone; it accepts no more events.
+    #[error("stream {stream} is terminated ({state}) at seq {terminal_seq}")]
+    StreamTerminated {
+        /// The stream.
+        stream: u64,
+        /// Its terminal state.
+        state: crate::StreamState,
+        /// Its terminal seq.
+        terminal_seq: u64,
+    },
+    /// An append's expected next seq does not fit the stream (or a retry carried other events).
+    #[error("seq conflict on stream {stream}: expected next seq {expected}, stream head is {head}: {reason}")]
+    SeqConflict {
+        /// The stream.
+        stream: u64,
+        /// The expected next seq given by the caller.
+        expected: u64,
+        /// The stream's current head seq.
+        head: u64,
+        /// Why the retry could not be matched.
+        reason: &'static str,
+    },
+    /// The requested events lie below the stream's retention watermark.
+    #[error("stream {stream}: seq {seq} is evicted (watermark {watermark})")]
+    Evicted {
+        /// The stream.
+        stream: u64,
+        /// The first seq asked for.
+        seq: u64,
+        /// The lowest retained seq.
+        watermark: u64,
+    },
+    /// The on-disk format of the data directory is newer or older than this build reads.
+    #[error("unsupported format in {}: {reason}", path.display())]
+    UnsupportedFormat {
+        /// The file at fault.
+        path: PathBuf,
+        /// What is unsupported.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with what the engine was doing.
+    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| Self::Io { context, source }
+    }
+
+    /// Shorthand for an invalid argument.
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+}

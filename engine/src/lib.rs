@@ -1,0 +1,62 @@
+//! cursorlog-engine: a durable, segmented, append-only log of MCP SSE events, indexed by
+//! session epoch and stream id, with terminal tombstones and retention watermarks.
+//!
+//! The engine answers one question for any front-end replica: *is this `Last-Event-ID`
+//! resumable, and if so, what comes after it?* — and when it is not, exactly why
+//! ([`Verdict`]).
+//!
+//! ```
+//! use cursorlog_engine::{Append, Config, Engine, NewEvent, OpenStream, Verdict};
+//! # fn main() -> Result<(), cursorlog_engine::Error> {
+//! let dir = tempfile::tempdir().expect("temp dir");
+//! let engine = Engine::open(Config::new(dir.path()))?;
+//! let session = engine.open_session("mcp-session-1")?;
+//! let stream = engine.open_stream(OpenStream {
+//!     session: "mcp-session-1".into(),
+//!     epoch: session.epoch,
+//!     correlation: Some("req-7".into()),
+//!     lease_ms: None,
+//! })?;
+//! let appended = engine.append(Append {
+//!     session: "mcp-session-1".into(),
+//!     stream: stream.stream,
+//!     expected_next_seq: Some(1),
+//!     events: vec![NewEvent::new("progress", b"50%".to_vec())],
+//! })?;
+//! let cursor = appended.last_cursor().to_string();
+//! let resolution = engine.resolve("mcp-session-1", &cursor, Some(stream.stream))?;
+//! assert_eq!(resolution.verdict, Verdict::Resumable);
+//! engine.close()?;
+//! # Ok(()) }
+//! ```
+
+mod api;
+mod apply;
+mod codec;
+mod config;
+mod cursor;
+mod engine;
+mod error;
+mod format;
+mod index;
+mod log;
+mod mmap;
+mod record;
+mod recovery;
+mod retention;
+mod segment;
+mod state;
+mod verdict;
+mod writer;
+
+pub use api::{
+    Append, Appended, EpochAdvanced, Event, NewEvent, OpenStream, Outcome, ReadBatch,
+    SessionExpired, SessionInfo, Stats, StreamInfo, Terminated,
+};
+pub use config::{Config, Retention, SyncPolicy};
+pub use cursor::{Cursor, CursorError};
+pub use engine::{Engine, Follower};
+pub use error::{CorruptionKind, Error, Result};
+pub use recovery::{verify_dir, RecoveryReport, VerifyReport};
+pub use state::{SessionMeta, StreamMeta, StreamState};
+pub use verdict::{Facts, Resolution, Verdict};

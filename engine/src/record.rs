@@ -1,0 +1,492 @@
+//! Records (one per state change) and their CRC32 frames. Pure: no I/O.
+//!
+//! A frame is a [`FrameHeader`] followed by the bincode body of one record. Records written
+//! together for one request form an atomic *group*: each frame says how many records of its
+//! group follow it, and recovery never keeps a partial group.
+
+use bincode::{Decode, Encode};
+
+use crate::codec;
+use crate::format::{FrameHeader, BODY_BYTES_MAX, FRAME_HEADER_BYTES};
+use crate::state::{SessionMeta, StreamMeta, StreamState};
+
+/// Record type tags (the frame's `record_type` byte). Never reuse a retired tag.
+pub(crate) mod tag {
+    pub const SESSION_OPENED: u8 = 1;
+    pub const EPOCH_ADVANCED: u8 = 2;
+    pub const SESSION_EXPIRED: u8 = 3;
+    pub const STREAM_OPENED: u8 = 4;
+    pub const EVENT: u8 = 5;
+    pub const TERMINAL: u8 = 6;
+    pub const TRIM: u8 = 7;
+    pub const SESSION_SNAPSHOT: u8 = 8;
+    pub const STREAM_SNAPSHOT: u8 = 9;
+}
+
+/// An event's stored fields (also the terminal frame inside [`Terminal`]).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct EventBody {
+    pub stream: u64,
+    pub seq: u64,
+    pub at_ms: u64,
+    pub kind: String,
+    pub correlation: Option<String>,
+    pub payload: Vec<u8>,
+}
+
+/// A terminal tombstone: the stream enters `state` at `terminal_seq`, never to change again.
+/// With a `frame`, the frame is the event at `terminal_seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Terminal {
+    pub stream: u64,
+    pub state: StreamState,
+    pub terminal_seq: u64,
+    pub at_ms: u64,
+    pub reason: Option<String>,
+    pub frame: Option<EventBody>,
+}
+
+/// Every state change cursorlog makes is one of these, in the log first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Record {
+    SessionOpened {
+        session: String,
+        epoch: u64,
+        at_ms: u64,
+    },
+    EpochAdvanced {
+        session: String,
+        epoch: u64,
+        at_ms: u64,
+    },
+    SessionExpired {
+        session: String,
+        at_ms: u64,
+    },
+    StreamOpened(StreamOpened),
+    Event(EventBody),
+    Terminal(Terminal),
+    /// Raises a stream's retention watermark (explicit trim or retention).
+    Trim {
+        stream: u64,
+        watermark: u64,
+        at_ms: u64,
+    },
+    /// Carries a session's state forward before the segment that created it is deleted.
+    SessionSnapshot(SessionMeta),
+    /// Carries a stream's state (and terminal frame) forward likewise.
+    StreamSnapshot(StreamSnapshot),
+}
+
+/// A stream was opened.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct StreamOpened {
+    pub stream: u64,
+    pub session: String,
+    pub epoch: u64,
+    pub correlation: Option<String>,
+    pub lease_ms: Option<u64>,
+    pub at_ms: u64,
+}
+
+/// A stream's whole state.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct StreamSnapshot {
+    pub meta: StreamMeta,
+    pub terminal_frame: Option<EventBody>,
+}
+
+#[derive(Encode, Decode)]
+struct SessionEpoch {
+    session: String,
+    epoch: u64,
+    at_ms: u64,
+}
+
+#[derive(Encode, Decode)]
+struct SessionAt {
+    session: String,
+    at_ms: u64,
+}
+
+#[derive(Encode, Decode)]
+struct TrimBody {
+    stream: u64,
+    watermark: u64,
+    at_ms: u64,
+}
+
+impl Record {
+    /// The frame's record type tag.
+    pub(crate) fn tag(&self) -> u8 {
+        match self {
+            Self::SessionOpened { .. } => tag::SESSION_OPENED,
+            Self::EpochAdvanced { .. } => tag::EPOCH_ADVANCED,
+            Self::SessionExpired { .. } => tag::SESSION_EXPIRED,
+            Self::StreamOpened(_) => tag::STREAM_OPENED,
+            Self::Event(_) => tag::EVENT,
+            Self::Terminal(_) => tag::TERMINAL,
+            Self::Trim { .. } => tag::TRIM,
+            Self::SessionSnapshot(_) => tag::SESSION_SNAPSHOT,
+            Self::StreamSnapshot(_) => tag::STREAM_SNAPSHOT,
+        }
+    }
+
+    fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            Self::SessionOpened {
+                session,
+                epoch,
+                at_ms,
+            }
+            | Self::EpochAdvanced {
+                session,
+                epoch,
+                at_ms,
+            } => codec::encode_into(
+                &SessionEpoch {
+                    session: session.clone(),
+                    epoch: *epoch,
+                    at_ms: *at_ms,
+                },
+                out,
+            ),
+            Self::SessionExpired { session, at_ms } => codec::encode_into(
+                &SessionAt {
+                    session: session.clone(),
+                    at_ms: *at_ms,
+                },
+                out,
+            ),
+            Self::StreamOpened(b) => codec::encode_into(b, out),
+            Self::Event(b) => codec::encode_into(b, out),
+            Self::Terminal(b) => codec::encode_into(b, out),
+            Self::Trim {
+                stream,
+                watermark,
+                at_ms,
+            } => codec::encode_into(
+                &TrimBody {
+                    stream: *stream,
+                    watermark: *watermark,
+                    at_ms: *at_ms,
+                },
+                out,
+            ),
+            Self::SessionSnapshot(b) => codec::encode_into(b, out),
+            Self::StreamSnapshot(b) => codec::encode_into(b, out),
+        }
+    }
+
+    /// Decodes a body of type `tag`.
+    pub(crate) fn decode(tag: u8, body: &[u8]) -> Result<Self, String> {
+        Ok(match tag {
+            tag::SESSION_OPENED | tag::EPOCH_ADVANCED => {
+                let b: SessionEpoch = codec::decode(body)?;
+                let (session, epoch, at_ms) = (b.session, b.epoch, b.at_ms);
+                if tag == tag::SESSION_OPENED {
+                    Self::SessionOpened {
+                        session,
+                        epoch,
+                        at_ms,
+                    }
+                } else {
+                    Self::EpochAdvanced {
+                        session,
+                        epoch,
+                        at_ms,
+                    }
+                }
+            }
+            tag::SESSION_EXPIRED => {
+                let b: SessionAt = codec::decode(body)?;
+                Self::SessionExpired {
+                    session: b.session,
+                    at_ms: b.at_ms,
+                }
+            }
+            tag::STREAM_OPENED => Self::StreamOpened(codec::decode(body)?),
+            tag::EVENT => Self::Event(codec::decode(body)?),
+            tag::TERMINAL => Self::Terminal(codec::decode(body)?),
+            tag::TRIM => {
+                let b: TrimBody = codec::decode(body)?;
+                Self::Trim {
+                    stream: b.stream,
+                    watermark: b.watermark,
+                    at_ms: b.at_ms,
+                }
+            }
+            tag::SESSION_SNAPSHOT => Self::SessionSnapshot(codec::decode(body)?),
+            tag::STREAM_SNAPSHOT => Self::StreamSnapshot(codec::decode(body)?),
+            other => return Err(format!("unknown record type {other}")),
+        })
+    }
+}
+
+/// Appends one frame for `record` to `out` and returns the frame's length in bytes.
+///
+/// # Errors
+/// The body is larger than [`BODY_BYTES_MAX`] (callers check payload limits first, so this
+/// is a bug guard) or cannot be encoded.
+pub(crate) fn encode_frame(
+    record: &Record,
+    lsn: u64,
+    group_left: u32,
+    out: &mut Vec<u8>,
+) -> Result<u32, String> {
+    let start = out.len();
+    out.resize(start + FRAME_HEADER_BYTES, 0);
+    record.encode_body(out)?;
+    let body_len = out.len() - start - FRAME_HEADER_BYTES;
+    let body_len = u32::try_from(body_len)
+        .ok()
+        .filter(|n| *n <= BODY_BYTES_MAX)
+        .ok_or_else(|| format!("record body of {body_len} bytes exceeds {BODY_BYTES_MAX}"))?;
+    let header = FrameHeader {
+        body_len,
+        crc: 0,
+        lsn,
+        group_left,
+        record_type: record.tag(),
+    };
+    let (head, body) = out.split_at_mut(start + FRAME_HEADER_BYTES);
+    let bytes = header.write(body);
+    head[start..].copy_from_slice(&bytes);
+    Ok(FRAME_HEADER_BYTES as u32 + body_len)
+}
+
+/// Why bytes at some offset are not a valid frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FrameError {
+    /// The bytes end inside the frame (a torn write, or the end of the data).
+    Truncated,
+    /// The length field is impossible.
+    BadLength(u64),
+    /// The CRC does not match.
+    Crc { got: u32, expected: u32 },
+    /// The frame checks, but its body is not a record of its type.
+    BadBody(String),
+}
+
+/// A frame decoded from a buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub header: FrameHeader,
+    pub record: Record,
+}
+
+/// Decodes the frame at the start of `buf`, checking length and CRC before decoding.
+///
+/// # Errors
+/// [`FrameError`] naming the first check that failed; never panics on any input.
+pub(crate) fn decode_frame(buf: &[u8]) -> Result<Frame, FrameError> {
+    let header = check_frame(buf)?;
+    let body = buf
+        .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
+        .ok_or(FrameError::Truncated)?;
+    let record = Record::decode(header.record_type, body).map_err(FrameError::BadBody)?;
+    Ok(Frame { header, record })
+}
+
+/// Checks length and CRC of the frame at the start of `buf` without decoding its body.
+///
+/// # Errors
+/// As [`decode_frame`], without `BadBody`.
+pub(crate) fn check_frame(buf: &[u8]) -> Result<FrameHeader, FrameError> {
+    let raw: &[u8; FRAME_HEADER_BYTES] = buf
+        .get(..FRAME_HEADER_BYTES)
+        .and_then(|s| s.try_into().ok())
+        .ok_or(FrameError::Truncated)?;
+    let header = FrameHeader::read(raw);
+    if header.body_len > BODY_BYTES_MAX {
+        return Err(FrameError::BadLength(u64::from(header.body_len)));
+    }
+    let body = buf
+        .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
+        .ok_or(FrameError::Truncated)?;
+    let got = crate::format::frame_crc(raw, body);
+    if got != header.crc {
+        return Err(FrameError::Crc {
+            got,
+            expected: header.crc,
+        });
+    }
+    Ok(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample_records() -> Vec<Record> {
+        let ev = EventBody {
+            stream: 7,
+            seq: 3,
+            at_ms: 99,
+            kind: "progress".into(),
+            correlation: Some("req-1".into()),
+            payload: b"hello".to_vec(),
+        };
+        let meta = StreamMeta {
+            id: 7,
+            session: "s".into(),
+            epoch: 2,
+            state: StreamState::Completed,
+            head: 4,
+            watermark: 2,
+            correlation: None,
+            opened_at_ms: 1,
+            ended_at_ms: Some(5),
+            end_reason: None,
+            has_terminal_frame: true,
+            lease_ms: Some(100),
+        };
+        vec![
+            Record::SessionOpened {
+                session: "s".into(),
+                epoch: 1,
+                at_ms: 5,
+            },
+            Record::EpochAdvanced {
+                session: "s".into(),
+                epoch: 2,
+                at_ms: 6,
+            },
+            Record::SessionExpired {
+                session: "s".into(),
+                at_ms: 7,
+            },
+            Record::StreamOpened(StreamOpened {
+                stream: 7,
+                session: "s".into(),
+                epoch: 2,
+                correlation: Some("r".into()),
+                lease_ms: None,
+                at_ms: 8,
+            }),
+            Record::Event(ev.clone()),
+            Record::Terminal(Terminal {
+                stream: 7,
+                state: StreamState::Completed,
+                terminal_seq: 4,
+                at_ms: 9,
+                reason: None,
+                frame: Some(ev.clone()),
+            }),
+            Record::Trim {
+                stream: 7,
+                watermark: 3,
+                at_ms: 10,
+            },
+            Record::SessionSnapshot(SessionMeta {
+                id: "s".into(),
+                epoch: 2,
+                opened_at_ms: 1,
+                expired_at_ms: None,
+            }),
+            Record::StreamSnapshot(StreamSnapshot {
+                meta,
+                terminal_frame: Some(ev),
+            }),
+        ]
+    }
+
+    #[test]
+    fn every_record_type_round_trips() {
+        for (i, r) in sample_records().into_iter().enumerate() {
+            let mut buf = Vec::new();
+            let n = encode_frame(&r, 100 + i as u64, 1, &mut buf).unwrap();
+            assert_eq!(n as usize, buf.len());
+            let f = decode_frame(&buf).unwrap();
+            assert_eq!(f.record, r);
+            assert_eq!(f.header.lsn, 100 + i as u64);
+            assert_eq!(f.header.group_left, 1);
+        }
+    }
+
+    #[test]
+    fn every_bit_flip_is_detected() {
+        let mut buf = Vec::new();
+        encode_frame(&sample_records()[4], 1, 0, &mut buf).unwrap();
+        for byte in 0..buf.len() {
+            for bit in 0..8 {
+                let mut bad = buf.clone();
+                bad[byte] ^= 1 << bit;
+                assert!(
+                    decode_frame(&bad).is_err(),
+                    "flip at {byte}.{bit} went unnoticed"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_truncated() {
+        let mut buf = Vec::new();
+        encode_frame(&sample_records()[5], 1, 0, &mut buf).unwrap();
+        for len in 0..buf.len() {
+            assert_eq!(
+                decode_frame(&buf[..len]),
+                Err(FrameError::Truncated),
+                "len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn zeroes_are_not_a_frame() {
+        assert!(matches!(
+            decode_frame(&[0u8; 64]),
+            Err(FrameError::Crc { .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_type_with_good_crc_is_bad_body() {
+        let mut buf = Vec::new();
+        encode_frame(&sample_records()[0], 1, 0, &mut buf).unwrap();
+        let body = buf[FRAME_HEADER_BYTES..].to_vec();
+        let h = FrameHeader {
+            body_len: body.len() as u32,
+            crc: 0,
+            lsn: 1,
+            group_left: 0,
+            record_type: 200,
+        };
+        let mut forged = h.write(&body).to_vec();
+        forged.extend_from_slice(&body);
+        assert!(matches!(decode_frame(&forged), Err(FrameError::BadBody(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_frame(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_bodies_with_valid_crc_never_panic(
+            tag in 0u8..12,
+            body in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, group_left: 0, record_type: tag };
+            let mut buf = h.write(&body).to_vec();
+            buf.extend_from_slice(&body);
+            let _ = decode_frame(&buf);
+        }
+
+        #[test]
+        fn events_round_trip(
+            stream: u64, seq: u64, at_ms: u64,
+            kind in ".{0,16}",
+            correlation in proptest::option::of(".{0,16}"),
+            payload in proptest::collection::vec(any::<u8>(), 0..2048),
+        ) {
+            let r = Record::Event(EventBody { stream, seq, at_ms, kind, correlation, payload });
+            let mut buf = Vec::new();
+            encode_frame(&r, 5, 0, &mut buf).unwrap();
+            prop_assert_eq!(decode_frame(&buf).unwrap().record, r);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Retention: raises watermarks by age and total size, and retires whole segments once
+//! nothing in them is retained.
+//!
+//! A pass looks at sealed segments oldest first. Segments past `max_age`, or needed to get
+//! under `max_total_bytes`, have the watermarks of every stream in them raised past their
+//! events (durably, through the writer). Then the longest prefix of sealed segments whose
+//! events all lie below their streams' watermarks is retired: the writer first carries the
+//! state born in them forward (snapshot records), syncs, and only then unlinks the files.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::index::KvRead;
+use crate::record::Record;
+use crate::recovery::scan_segment;
+use crate::segment::Segment;
+use crate::writer::{duration_ms, now_ms, Command, Shared};
+
+/// What one pass decided.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Watermarks to raise (stream, new watermark).
+    pub raise: Vec<(u64, u64)>,
+    /// Segments to retire, and the LSN below which all their records lie.
+    pub retire: Option<(Vec<u64>, u64)>,
+}
+
+/// Per segment: the newest append time and, per stream, the highest event seq in it.
+struct SegmentSummary {
+    newest_ms: u64,
+    max_seq: BTreeMap<u64, u64>,
+}
+
+fn summarize(seg: &Segment) -> Result<SegmentSummary> {
+    let mut s = SegmentSummary {
+        newest_ms: 0,
+        max_seq: BTreeMap::new(),
+    };
+    seg.with_bytes(0, seg.len(), |bytes| {
+        scan_segment(bytes, seg.base_lsn(), |group| {
+            for (_, _, record) in group {
+                let (stream, seq, at) = match record {
+                    Record::Event(e) => (e.stream, e.seq, e.at_ms),
+                    Record::Terminal(t) if t.frame.is_some() => (t.stream, t.terminal_seq, t.at_ms),
+                    _ => continue,
+                };
+                s.newest_ms = s.newest_ms.max(at);
+                let m = s.max_seq.entry(stream).or_insert(0);
+                *m = (*m).max(seq);
+            }
+            Ok(())
+        })
+    })??;
+    Ok(s)
+}
+
+/// Decides what to evict and retire now. Pure apart from reading segments and the index.
+pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
+    let cfg = &shared.config.retention;
+    let all = shared.segments.all();
+    let Some((_, sealed)) = all.split_last() else {
+        return Ok(Plan::default());
+    };
+    let sealed: Vec<Arc<Segment>> = sealed.iter().filter(|s| s.is_sealed()).cloned().collect();
+    let now = now_ms();
+    let mut total: u64 = all.iter().map(|s| s.len()).sum();
+    let mut plan = Plan::default();
+    let mut wanted: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut retire = Vec::new();
+    let mut retire_below = 0;
+    for (i, seg) in sealed.iter().enumerate() {
+        let summary = summarize(seg)?;
+        let too_old = cfg
+            .max_age
+            .is_some_and(|age| summary.newest_ms.saturating_add(duration_ms(age)) < now);
+        let too_big = cfg.max_total_bytes.is_some_and(|max| total > max);
+        let mut dead = true;
+        for (stream, max_seq) in &summary.max_seq {
+            let watermark = shared
+                .index
+                .stored_stream(*stream)?
+                .map_or(0, |s| s.meta.watermark);
+            let raised = wanted.get(stream).copied().unwrap_or(0);
+            if *max_seq >= watermark.max(raised) {
+                if too_old || too_big {
+                    wanted.insert(*stream, max_seq + 1);
+                } else {
+                    dead = false;
+                }
+            }
+        }
+        if !dead {
+            break;
+        }
+        total = total.saturating_sub(seg.len());
+        retire.push(seg.base_lsn());
+        retire_below = all.get(i + 1).map_or(0, |n| n.base_lsn());
+    }
+    plan.raise = wanted.into_iter().collect();
+    if !retire.is_empty() {
+        plan.retire = Some((retire, retire_below));
+    }
+    Ok(plan)
+}
+
+/// Runs one pass, sending the writer what the plan needs.
+pub(crate) fn run_pass(shared: &Shared, submit: &dyn Fn(Command) -> Result<()>) -> Result<usize> {
+    let plan = plan(shared)?;
+    for (stream, watermark) in &plan.raise {
+        match submit(Command::Trim {
+            session: None,
+            stream: *stream,
+            watermark: *watermark,
+        }) {
+            Ok(()) | Err(crate::Error::UnknownStream(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let Some((bases, below_lsn)) = plan.retire else {
+        return Ok(0);
+    };
+    let n = bases.len();
+    submit(Command::Retire { below_lsn, bases })?;
+    Ok(n)
+}

@@ -1,0 +1,196 @@
+//! One segment file: create, append, sync, seal, read, truncate.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+use crate::format::{encode_segment_header, segment_name, SEGMENT_HEADER_BYTES};
+use crate::mmap::SegmentMap;
+
+/// A segment file named by the LSN of its first record.
+///
+/// # Invariants
+/// Bytes below `len` are written frames; only the writer appends, and only to the active
+/// (unsealed) segment. Once sealed the file never changes and reads go through a map.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    path: PathBuf,
+    base_lsn: u64,
+    file: File,
+    len: AtomicU64,
+    map: OnceLock<SegmentMap>,
+    delete_on_drop: AtomicBool,
+}
+
+/// Fsyncs a directory so that creations, renames and deletions in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(Error::io(format!("syncing directory {}", dir.display())))
+}
+
+impl Segment {
+    /// Creates a new, empty segment with its header, durably (file and directory synced).
+    pub(crate) fn create(dir: &Path, base_lsn: u64) -> Result<Self> {
+        let path = dir.join(segment_name(base_lsn));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(Error::io(format!("creating segment {}", path.display())))?;
+        file.write_all_at(&encode_segment_header(base_lsn), 0)
+            .and_then(|()| file.sync_all())
+            .map_err(Error::io(format!("writing header of {}", path.display())))?;
+        sync_dir(dir)?;
+        Ok(Self::from_file(
+            path,
+            base_lsn,
+            file,
+            SEGMENT_HEADER_BYTES as u64,
+        ))
+    }
+
+    /// Opens an existing segment whose valid bytes end at `len`.
+    pub(crate) fn open(path: PathBuf, base_lsn: u64, len: u64) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(Error::io(format!("opening segment {}", path.display())))?;
+        Ok(Self::from_file(path, base_lsn, file, len))
+    }
+
+    fn from_file(path: PathBuf, base_lsn: u64, file: File, len: u64) -> Self {
+        Self {
+            path,
+            base_lsn,
+            file,
+            len: AtomicU64::new(len),
+            map: OnceLock::new(),
+            delete_on_drop: AtomicBool::new(false),
+        }
+    }
+
+    /// The file path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// LSN of the first record.
+    pub(crate) fn base_lsn(&self) -> u64 {
+        self.base_lsn
+    }
+
+    /// Bytes written (header included).
+    pub(crate) fn len(&self) -> u64 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// True once sealed (read through a map from then on).
+    pub(crate) fn is_sealed(&self) -> bool {
+        self.map.get().is_some()
+    }
+
+    /// Appends `bytes` at the end. Only the writer calls this, on the active segment.
+    pub(crate) fn append(&self, bytes: &[u8]) -> Result<()> {
+        debug_assert!(!self.is_sealed(), "appending to a sealed segment");
+        let at = self.len();
+        self.file
+            .write_all_at(bytes, at)
+            .map_err(Error::io(format!("appending to {}", self.path.display())))?;
+        self.len.store(at + bytes.len() as u64, Ordering::Release);
+        Ok(())
+    }
+
+    /// `fdatasync`: makes appended bytes durable.
+    pub(crate) fn sync_data(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(Error::io(format!("syncing {}", self.path.display())))
+    }
+
+    /// Syncs, then maps the file read-only; the segment is never written again.
+    pub(crate) fn seal(&self) -> Result<()> {
+        self.sync_data()?;
+        let map = SegmentMap::map(&self.file)
+            .map_err(Error::io(format!("mapping {}", self.path.display())))?;
+        let _ = self.map.set(map);
+        Ok(())
+    }
+
+    /// Cuts the file to `len` bytes and syncs (recovery of a torn tail only).
+    pub(crate) fn truncate(&self, len: u64) -> Result<()> {
+        assert!(
+            !self.is_sealed(),
+            "a sealed (mapped) segment must never be truncated"
+        );
+        self.file
+            .set_len(len)
+            .and_then(|()| self.file.sync_all())
+            .map_err(Error::io(format!("truncating {}", self.path.display())))?;
+        self.len.store(len, Ordering::Release);
+        Ok(())
+    }
+
+    /// Calls `f` with bytes `offset .. offset + len`: from the map when sealed, else by
+    /// positional read (the active segment is written concurrently and never mapped).
+    pub(crate) fn with_bytes<R>(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let end = offset.checked_add(len).filter(|e| *e <= self.len());
+        let Some(end) = end else {
+            return Err(Error::Corruption {
+                segment: self.path.clone(),
+                offset,
+                kind: crate::CorruptionKind::BadLength(len),
+            });
+        };
+        if let Some(map) = self.map.get() {
+            let bytes = usize::try_from(offset)
+                .ok()
+                .zip(usize::try_from(end).ok())
+                .and_then(|(a, b)| map.bytes().get(a..b));
+            return match bytes {
+                Some(b) => Ok(f(b)),
+                None => Err(Error::Corruption {
+                    segment: self.path.clone(),
+                    offset,
+                    kind: crate::CorruptionKind::BadLength(len),
+                }),
+            };
+        }
+        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX).min(1 << 30)];
+        self.file
+            .read_exact_at(&mut buf, offset)
+            .map_err(Error::io(format!("reading {}", self.path.display())))?;
+        Ok(f(&buf))
+    }
+
+    /// Unlink the file once the last handle (and its map) is dropped.
+    pub(crate) fn delete_when_unused(&self) {
+        self.delete_on_drop.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if self.delete_on_drop.load(Ordering::Acquire) {
+            let removed = std::fs::remove_file(&self.path)
+                .map_err(Error::io("deleting a retired segment"))
+                .and_then(|()| self.path.parent().map_or(Ok(()), sync_dir));
+            match removed {
+                Ok(()) => tracing::debug!(path = %self.path.display(), "deleted retired segment"),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "could not delete segment")
+                }
+            }
+        }
+    }
+}
