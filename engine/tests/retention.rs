@@ -1,0 +1,227 @@
+//! Retention: watermarks are monotone and durable, whole segments go only when nothing in
+//! them is retained, and metadata outlives the data so late cursors get precise verdicts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use cursorlog_engine::{Append, Config, Cursor, Engine, NewEvent, OpenStream, Verdict};
+
+fn config(dir: &Path) -> Config {
+    let mut c = Config::new(dir);
+    c.segment_bytes_max = 4096;
+    c.retention.check_interval = Duration::from_secs(3600);
+    c
+}
+
+fn open_stream(e: &Engine, session: &str, correlation: Option<&str>) -> (u64, u64) {
+    let s = e.open_session(session).unwrap();
+    let st = e
+        .open_stream(OpenStream {
+            session: session.into(),
+            epoch: s.epoch,
+            correlation: correlation.map(Into::into),
+            lease_ms: None,
+        })
+        .unwrap();
+    (st.epoch, st.stream)
+}
+
+fn fill(e: &Engine, session: &str, stream: u64, n: usize) {
+    for i in 0..n {
+        let ev = NewEvent::new("progress", vec![u8::try_from(i % 251).unwrap(); 200]);
+        e.append(Append {
+            session: session.into(),
+            stream,
+            expected_next_seq: None,
+            events: vec![ev],
+        })
+        .unwrap();
+    }
+}
+
+fn segment_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".seg")
+        })
+        .count()
+}
+
+fn verdict(e: &Engine, session: &str, c: Cursor) -> Verdict {
+    e.resolve(session, &c.to_string(), None).unwrap().verdict
+}
+
+#[test]
+fn trimmed_segments_are_deleted_and_cursors_below_are_evicted_across_reopen_and_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    let (epoch, s) = open_stream(&e, "s", None);
+    let (_, done) = open_stream(&e, "s", Some("req"));
+    fill(&e, "s", done, 3);
+    e.complete("s", done, None, NewEvent::new("result", b"ok".to_vec()))
+        .unwrap();
+    e.trim("s", done, 4).unwrap();
+    fill(&e, "s", s, 200);
+    let before = segment_files(dir.path());
+    assert!(before >= 8, "small segments roll: {before}");
+    // Nothing is trimmed yet: nothing may be retired.
+    assert_eq!(e.run_retention().unwrap(), 0);
+    assert_eq!(segment_files(dir.path()), before);
+
+    assert_eq!(e.trim("s", s, 150).unwrap(), 151);
+    let retired = e.run_retention().unwrap();
+    assert!(
+        retired >= 4,
+        "segments wholly below the watermarks go: {retired}"
+    );
+    assert_eq!(segment_files(dir.path()), before - retired);
+    let check = |e: &Engine| {
+        assert_eq!(
+            verdict(e, "s", Cursor::new(epoch, s, 10)),
+            Verdict::CursorEvicted
+        );
+        assert_eq!(
+            verdict(e, "s", Cursor::new(epoch, s, 150)),
+            Verdict::Resumable
+        );
+        assert_eq!(e.read("s", s, 150, 100).unwrap().events.len(), 50);
+        // The completed stream's data is gone, its tombstone and outcome are not.
+        assert_eq!(
+            verdict(e, "s", Cursor::new(epoch, done, 1)),
+            Verdict::StreamTerminated
+        );
+        let o = e
+            .outcome("s", "req")
+            .unwrap()
+            .expect("outcome outlives the data");
+        assert_eq!(o.frame.unwrap().payload, b"ok");
+    };
+    check(&e);
+    let live = e.index_dump().unwrap();
+    e.close().unwrap();
+    drop(e);
+
+    let e = Engine::open(config(dir.path())).unwrap();
+    check(&e);
+    e.close().unwrap();
+    drop(e);
+
+    // The log alone (segments + carried-forward snapshots) rebuilds the same state.
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert!(e.recovery_report().index_rebuilt);
+    check(&e);
+    assert_eq!(
+        e.index_dump().unwrap(),
+        live,
+        "rebuilt index equals the live one"
+    );
+}
+
+#[test]
+fn total_bytes_retention_raises_watermarks_and_keeps_tombstones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.retention.max_total_bytes = Some(16 * 1024);
+    let e = Engine::open(cfg).unwrap();
+    let (epoch, s) = open_stream(&e, "s", None);
+    fill(&e, "s", s, 400);
+    let retired = e.run_retention().unwrap();
+    assert!(retired > 0);
+    let stats = e.stats().unwrap();
+    assert!(
+        stats.log_bytes <= 16 * 1024 + 4096 + 512,
+        "log kept near the bound: {}",
+        stats.log_bytes
+    );
+    let r = e
+        .resolve("s", &Cursor::new(epoch, s, 1).to_string(), None)
+        .unwrap();
+    assert_eq!(r.verdict, Verdict::CursorEvicted, "evicted, never unknown");
+    let wm = r.facts.watermark.unwrap();
+    assert!(wm > 1);
+    assert_eq!(
+        e.read("s", s, wm - 1, 10).unwrap().events[0].seq,
+        wm,
+        "gap-free above the watermark"
+    );
+    // A second pass with nothing new to do keeps the watermark where it is.
+    e.run_retention().unwrap();
+    let again = e
+        .resolve("s", &Cursor::new(epoch, s, 1).to_string(), None)
+        .unwrap();
+    assert!(
+        again.facts.watermark.unwrap() >= wm,
+        "watermarks never go backwards"
+    );
+}
+
+#[test]
+fn age_retention_evicts_old_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.retention.max_age = Some(Duration::from_millis(200));
+    let e = Engine::open(cfg).unwrap();
+    let (epoch, s) = open_stream(&e, "s", None);
+    fill(&e, "s", s, 100);
+    assert_eq!(e.run_retention().unwrap(), 0, "nothing is old yet");
+    std::thread::sleep(Duration::from_millis(300));
+    fill(&e, "s", s, 30);
+    assert!(e.run_retention().unwrap() > 0);
+    assert_eq!(
+        verdict(&e, "s", Cursor::new(epoch, s, 1)),
+        Verdict::CursorEvicted
+    );
+    assert_eq!(
+        verdict(&e, "s", Cursor::new(epoch, s, 129)),
+        Verdict::Resumable
+    );
+}
+
+#[test]
+fn per_stream_event_limit_moves_the_watermark_on_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.retention.max_events_per_stream = Some(10);
+    let e = Engine::open(cfg).unwrap();
+    let (epoch, s) = open_stream(&e, "s", None);
+    fill(&e, "s", s, 25);
+    let r = e
+        .resolve("s", &Cursor::new(epoch, s, 14).to_string(), None)
+        .unwrap();
+    assert_eq!(r.verdict, Verdict::CursorEvicted);
+    assert_eq!(r.facts.watermark, Some(16));
+    assert_eq!(
+        verdict(&e, "s", Cursor::new(epoch, s, 15)),
+        Verdict::Resumable
+    );
+    assert_eq!(e.read("s", s, 15, 100).unwrap().events.len(), 10);
+}
+
+#[test]
+fn metadata_past_the_horizon_is_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.retention.metadata_horizon = Duration::from_millis(100);
+    let e = Engine::open(cfg).unwrap();
+    let (epoch, done) = open_stream(&e, "s", Some("r"));
+    fill(&e, "s", done, 2);
+    e.complete("s", done, None, NewEvent::new("result", b"x".to_vec()))
+        .unwrap();
+    assert_eq!(
+        verdict(&e, "s", Cursor::new(epoch, done, 1)),
+        Verdict::StreamTerminated
+    );
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(
+        verdict(&e, "s", Cursor::new(epoch, done, 1)),
+        Verdict::UnknownCursor
+    );
+    assert_eq!(e.outcome("s", "r").unwrap(), None);
+}
