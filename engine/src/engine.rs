@@ -15,6 +15,7 @@ use crate::api::{
 use crate::config::Config;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
+use crate::fs::{FileSystem, StdFs};
 use crate::index::{prefix, KvRead};
 use crate::record::{decode_frame, Record};
 use crate::recovery::{recover, RecoveryReport};
@@ -93,12 +94,21 @@ impl Engine {
     /// [`Error::Locked`] if another process has it open; [`Error::Corruption`] naming the
     /// file and offset if a sealed segment is damaged; I/O and index failures.
     pub fn open(config: Config) -> Result<Self> {
+        Self::open_with_fs(config, Arc::new(StdFs))
+    }
+
+    /// [`Engine::open`] with segment I/O through `fs` (a fault-injecting twin in tests).
+    ///
+    /// # Errors
+    /// As [`Engine::open`].
+    pub fn open_with_fs(config: Config, fs: Arc<dyn FileSystem>) -> Result<Self> {
         validate_config(&config)?;
-        let rec = recover(&config.dir)?;
+        let rec = recover(&fs, &config.dir)?;
         tracing::info!(dir = %config.dir.display(), report = %rec.report, "recovered data directory");
         let (commits, _) = tokio::sync::watch::channel(rec.next_lsn - 1);
         let shared = Arc::new(Shared {
             config,
+            fs,
             index: rec.index,
             segments: rec.segments,
             poisoned: false.into(),

@@ -2,7 +2,8 @@
 
 use std::fs::File;
 
-/// A read-only memory map of a sealed, fsynced segment file.
+/// A read-only memory map of a sealed, fsynced segment file. Only the real file system
+/// ([`crate::StdFs`]) can make one; other [`crate::FileSystem`]s return `None` from `map`.
 ///
 /// # Invariants
 /// Only sealed segments are mapped. A sealed segment is never written, truncated or
@@ -10,7 +11,7 @@ use std::fs::File;
 /// `Arc<Segment>` (and with it this map) is dropped. Every read through the map checks the
 /// frame CRC, so bytes changed behind our back are reported as corruption, not served.
 #[derive(Debug)]
-pub(crate) struct SegmentMap(memmap2::Mmap);
+pub struct SegmentMap(memmap2::Mmap);
 
 impl SegmentMap {
     /// Maps `file` read-only.

@@ -2,6 +2,7 @@
 //! index. Also the offline `verify` of every segment.
 
 use std::fs::{File, OpenOptions};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use crate::format::{
     decode_segment_header, parse_segment_name, FrameHeader, HeaderError, BODY_BYTES_MAX,
     FRAME_HEADER_BYTES, INDEX_DIR, LOCK_FILE, SEGMENT_HEADER_BYTES,
 };
+use crate::fs::{FileSystem, StdFs};
 use crate::index::{Index, Txn};
 use crate::log::{Position, SegmentSet};
 use crate::record::{check_frame, decode_frame, FrameError, Record};
@@ -171,14 +173,14 @@ fn header_error(path: &Path, e: HeaderError) -> Error {
 }
 
 /// Segment files in the directory, by base LSN.
-pub(crate) fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+pub(crate) fn list_segments(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
-    let entries =
-        std::fs::read_dir(dir).map_err(Error::io(format!("listing {}", dir.display())))?;
-    for entry in entries {
-        let entry = entry.map_err(Error::io(format!("listing {}", dir.display())))?;
-        if let Some(base) = entry.file_name().to_str().and_then(parse_segment_name) {
-            out.push((base, entry.path()));
+    let entries = fs
+        .list(dir)
+        .map_err(Error::io(format!("listing {}", dir.display())))?;
+    for (name, path) in entries {
+        if let Some(base) = parse_segment_name(&name) {
+            out.push((base, path));
         }
     }
     out.sort_unstable();
@@ -213,31 +215,32 @@ fn lock_dir(dir: &Path) -> Result<File> {
 }
 
 /// Opens the data directory: the only path from disk to a running engine.
-pub(crate) fn recover(dir: &Path) -> Result<Recovered> {
+pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<Recovered> {
     let started = Instant::now();
     std::fs::create_dir_all(dir).map_err(Error::io(format!(
         "creating data directory {}",
         dir.display()
     )))?;
     let lock = lock_dir(dir)?;
-    let mut found = list_segments(dir)?;
+    let mut found = list_segments(fs.as_ref(), dir)?;
     let mut report = RecoveryReport::default();
 
     // The last segment may be a torn creation (header never fully written): it holds nothing.
     while let Some((_, path)) = found.last() {
-        let len = std::fs::metadata(path)
-            .map_err(Error::io(format!("reading {}", path.display())))?
-            .len();
+        let len = fs
+            .len(path)
+            .map_err(Error::io(format!("reading {}", path.display())))?;
         if len >= SEGMENT_HEADER_BYTES as u64 {
             break;
         }
         tracing::warn!(path = %path.display(), len, "removing a segment whose header was never completed");
-        std::fs::remove_file(path).map_err(Error::io(format!("removing {}", path.display())))?;
-        sync_dir(dir)?;
+        fs.remove(path)
+            .map_err(Error::io(format!("removing {}", path.display())))?;
+        sync_dir(fs.as_ref(), dir)?;
         found.pop();
     }
     if found.is_empty() {
-        let seg = Segment::create(dir, 1)?;
+        let seg = Segment::create(Arc::clone(fs), dir, 1)?;
         found.push((1, seg.path().to_path_buf()));
     }
     report.segments = found.len() as u64;
@@ -253,8 +256,9 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered> {
 
     // Tail first: find where the log really ends.
     let (tail_base, tail_path) = found.last().cloned().ok_or(Error::Closed)?;
-    let tail_bytes =
-        std::fs::read(&tail_path).map_err(Error::io(format!("reading {}", tail_path.display())))?;
+    let tail_bytes = fs
+        .read(&tail_path)
+        .map_err(Error::io(format!("reading {}", tail_path.display())))?;
     let header_base =
         decode_segment_header(&tail_bytes).map_err(|e| header_error(&tail_path, e))?;
     if header_base != tail_base {
@@ -302,7 +306,7 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered> {
         let is_tail = i + 1 == count;
         let next_base = found.get(i + 1).map_or(u64::MAX, |n| n.0);
         if is_tail {
-            let seg = Segment::open(path.clone(), *base, tail_bytes.len() as u64)?;
+            let seg = Segment::open(Arc::clone(fs), path.clone(), *base, tail_bytes.len() as u64)?;
             if tail_end.valid_end < tail_bytes.len() as u64 {
                 report.bytes_truncated = tail_bytes.len() as u64 - tail_end.valid_end;
                 seg.truncate(tail_end.valid_end)?;
@@ -314,10 +318,10 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered> {
             segments.insert(Arc::clone(&seg));
             active = Some(seg);
         } else {
-            let len = std::fs::metadata(path)
-                .map_err(Error::io(format!("reading {}", path.display())))?
-                .len();
-            let seg = Segment::open(path.clone(), *base, len)?;
+            let len = fs
+                .len(path)
+                .map_err(Error::io(format!("reading {}", path.display())))?;
+            let seg = Segment::open(Arc::clone(fs), path.clone(), *base, len)?;
             seg.seal()?;
             let needs_replay = next_base > applied + 1;
             seg.with_bytes(0, SEGMENT_HEADER_BYTES as u64, decode_segment_header)?
@@ -479,13 +483,22 @@ impl std::fmt::Display for VerifyReport {
 /// # Errors
 /// I/O failures listing or reading files; corruption is reported in the result.
 pub fn verify_dir(dir: &Path) -> Result<VerifyReport> {
-    let found = list_segments(dir)?;
+    verify_dir_with(&StdFs, dir)
+}
+
+/// [`verify_dir`] through a given file system.
+///
+/// # Errors
+/// As [`verify_dir`].
+pub fn verify_dir_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyReport> {
+    let found = list_segments(fs, dir)?;
     let mut report = VerifyReport::default();
     let mut expected_base: Option<u64> = None;
     let count = found.len();
     for (i, (base, path)) in found.into_iter().enumerate() {
-        let bytes =
-            std::fs::read(&path).map_err(Error::io(format!("reading {}", path.display())))?;
+        let bytes = fs
+            .read(&path)
+            .map_err(Error::io(format!("reading {}", path.display())))?;
         let mut seg = SegmentReport {
             path: path.clone(),
             base_lsn: base,

@@ -1,13 +1,13 @@
 //! One segment file: create, append, sync, seal, read, truncate.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::format::{encode_segment_header, segment_name, SEGMENT_HEADER_BYTES};
+use crate::fs::{FileSystem, SegmentFile};
 use crate::mmap::SegmentMap;
 
 /// A segment file named by the LSN of its first record.
@@ -17,36 +17,36 @@ use crate::mmap::SegmentMap;
 /// (unsealed) segment. Once sealed the file never changes and reads go through a map.
 #[derive(Debug)]
 pub(crate) struct Segment {
+    fs: Arc<dyn FileSystem>,
     path: PathBuf,
     base_lsn: u64,
-    file: File,
+    file: Arc<dyn SegmentFile>,
+    /// Set when sealed on a file system without maps: reads use positional reads.
+    sealed_unmapped: AtomicBool,
     len: AtomicU64,
     map: OnceLock<SegmentMap>,
     delete_on_drop: AtomicBool,
 }
 
 /// Fsyncs a directory so that creations, renames and deletions in it are durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
+pub(crate) fn sync_dir(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
+    fs.sync_dir(dir)
         .map_err(Error::io(format!("syncing directory {}", dir.display())))
 }
 
 impl Segment {
     /// Creates a new, empty segment with its header, durably (file and directory synced).
-    pub(crate) fn create(dir: &Path, base_lsn: u64) -> Result<Self> {
+    pub(crate) fn create(fs: Arc<dyn FileSystem>, dir: &Path, base_lsn: u64) -> Result<Self> {
         let path = dir.join(segment_name(base_lsn));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let file = fs
+            .create_new(&path)
             .map_err(Error::io(format!("creating segment {}", path.display())))?;
         file.write_all_at(&encode_segment_header(base_lsn), 0)
-            .and_then(|()| file.sync_all())
+            .and_then(|()| file.sync_data())
             .map_err(Error::io(format!("writing header of {}", path.display())))?;
-        sync_dir(dir)?;
+        sync_dir(fs.as_ref(), dir)?;
         Ok(Self::from_file(
+            fs,
             path,
             base_lsn,
             file,
@@ -55,17 +55,28 @@ impl Segment {
     }
 
     /// Opens an existing segment whose valid bytes end at `len`.
-    pub(crate) fn open(path: PathBuf, base_lsn: u64, len: u64) -> Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
+    pub(crate) fn open(
+        fs: Arc<dyn FileSystem>,
+        path: PathBuf,
+        base_lsn: u64,
+        len: u64,
+    ) -> Result<Self> {
+        let file = fs
             .open(&path)
             .map_err(Error::io(format!("opening segment {}", path.display())))?;
-        Ok(Self::from_file(path, base_lsn, file, len))
+        Ok(Self::from_file(fs, path, base_lsn, file, len))
     }
 
-    fn from_file(path: PathBuf, base_lsn: u64, file: File, len: u64) -> Self {
+    fn from_file(
+        fs: Arc<dyn FileSystem>,
+        path: PathBuf,
+        base_lsn: u64,
+        file: Arc<dyn SegmentFile>,
+        len: u64,
+    ) -> Self {
         Self {
+            fs,
+            sealed_unmapped: AtomicBool::new(false),
             path,
             base_lsn,
             file,
@@ -92,7 +103,7 @@ impl Segment {
 
     /// True once sealed (read through a map from then on).
     pub(crate) fn is_sealed(&self) -> bool {
-        self.map.get().is_some()
+        self.map.get().is_some() || self.sealed_unmapped.load(Ordering::Acquire)
     }
 
     /// Appends `bytes` at the end. Only the writer calls this, on the active segment.
@@ -116,9 +127,16 @@ impl Segment {
     /// Syncs, then maps the file read-only; the segment is never written again.
     pub(crate) fn seal(&self) -> Result<()> {
         self.sync_data()?;
-        let map = SegmentMap::map(&self.file)
-            .map_err(Error::io(format!("mapping {}", self.path.display())))?;
-        let _ = self.map.set(map);
+        match self
+            .file
+            .map()
+            .map_err(Error::io(format!("mapping {}", self.path.display())))?
+        {
+            Some(map) => {
+                let _ = self.map.set(map);
+            }
+            None => self.sealed_unmapped.store(true, Ordering::Release),
+        }
         Ok(())
     }
 
@@ -129,8 +147,7 @@ impl Segment {
             "a sealed (mapped) segment must never be truncated"
         );
         self.file
-            .set_len(len)
-            .and_then(|()| self.file.sync_all())
+            .set_len_and_sync(len)
             .map_err(Error::io(format!("truncating {}", self.path.display())))?;
         self.len.store(len, Ordering::Release);
         Ok(())
@@ -182,9 +199,15 @@ impl Segment {
 impl Drop for Segment {
     fn drop(&mut self) {
         if self.delete_on_drop.load(Ordering::Acquire) {
-            let removed = std::fs::remove_file(&self.path)
+            let removed = self
+                .fs
+                .remove(&self.path)
                 .map_err(Error::io("deleting a retired segment"))
-                .and_then(|()| self.path.parent().map_or(Ok(()), sync_dir));
+                .and_then(|()| {
+                    self.path
+                        .parent()
+                        .map_or(Ok(()), |d| sync_dir(self.fs.as_ref(), d))
+                });
             match removed {
                 Ok(()) => tracing::debug!(path = %self.path.display(), "deleted retired segment"),
                 Err(e) => {

@@ -92,6 +92,7 @@ pub(crate) struct Counters {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub config: Config,
+    pub fs: Arc<dyn crate::fs::FileSystem>,
     pub index: Index,
     pub segments: SegmentSet,
     pub poisoned: AtomicBool,
@@ -194,7 +195,11 @@ impl Writer {
             return Ok(());
         }
         self.active.seal()?;
-        let next = Arc::new(Segment::create(&self.shared.config.dir, self.next_lsn)?);
+        let next = Arc::new(Segment::create(
+            Arc::clone(&self.shared.fs),
+            &self.shared.config.dir,
+            self.next_lsn,
+        )?);
         self.shared.segments.insert(Arc::clone(&next));
         self.active = next;
         self.unsynced = false;

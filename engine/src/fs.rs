@@ -1,0 +1,161 @@
+//! The file-system seam: every byte the log writes or reads goes through [`FileSystem`], so
+//! tests can swap in a fault-injecting twin ([`FaultyFs`], feature `testing`).
+//!
+//! Only this module (and `mmap.rs`, for maps) touches OS file APIs for segments. The sled
+//! index and the directory lock use the real file system always.
+
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::mmap::SegmentMap;
+
+/// One open segment file.
+pub trait SegmentFile: Send + Sync + Debug {
+    /// Writes all of `buf` at `offset`.
+    ///
+    /// # Errors
+    /// OS errors (ENOSPC, EIO, ...).
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Fills `buf` from `offset`.
+    ///
+    /// # Errors
+    /// OS errors; `UnexpectedEof` past the end.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// `fdatasync`.
+    ///
+    /// # Errors
+    /// OS errors: the caller must not retry (the page cache state is unknown).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Truncates or extends to `len` and syncs the metadata.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn set_len_and_sync(&self, len: u64) -> io::Result<()>;
+    /// A read-only map of the whole file, where the file system supports it.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn map(&self) -> io::Result<Option<SegmentMap>>;
+}
+
+/// Directory-level operations and file opening.
+pub trait FileSystem: Send + Sync + Debug {
+    /// Creates a new file; fails if it exists.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>>;
+    /// Opens an existing file for reading and writing.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>>;
+    /// Reads a whole file.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// The file's length in bytes.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn len(&self, path: &Path) -> io::Result<u64>;
+    /// Unlinks a file (durable after [`FileSystem::sync_dir`]).
+    ///
+    /// # Errors
+    /// OS errors.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// The file names in a directory.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn list(&self, dir: &Path) -> io::Result<Vec<(String, PathBuf)>>;
+    /// Makes creations and deletions in `dir` durable.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StdFs;
+
+#[derive(Debug)]
+struct StdFile(File);
+
+impl SegmentFile for StdFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn set_len_and_sync(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)?;
+        self.0.sync_all()
+    }
+
+    fn map(&self) -> io::Result<Option<SegmentMap>> {
+        SegmentMap::map(&self.0).map(Some)
+    }
+}
+
+impl FileSystem for StdFs {
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(Arc::new(StdFile(f)))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
+        let f = OpenOptions::new().read(true).write(true).open(path)?;
+        Ok(Arc::new(StdFile(f)))
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+
+    fn len(&self, path: &Path) -> io::Result<u64> {
+        Ok(std::fs::metadata(path)?.len())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<(String, PathBuf)>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if let Some(name) = entry.file_name().to_str() {
+                out.push((name.to_owned(), entry.path()));
+            }
+        }
+        Ok(out)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+#[cfg(feature = "testing")]
+pub use faulty::{Fault, FaultyFs};
+
+#[cfg(feature = "testing")]
+mod faulty;
