@@ -295,7 +295,8 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<Recovered>
         applied = 0;
         report.index_rebuilt = true;
     }
-    if applied == 0 && first_base > 1 {
+    if applied == 0 && last_lsn > 0 {
+        // An empty index over a non-empty log: everything is replayed from the log.
         report.index_rebuilt = true;
     }
 
