@@ -48,6 +48,7 @@ mod retention;
 mod segment;
 mod state;
 mod verdict;
+mod verify;
 mod writer;
 
 pub use api::{
@@ -62,6 +63,10 @@ pub use error::{CorruptionKind, Error, Result};
 pub use fs::{Fault, FaultyFs};
 pub use fs::{FileSystem, SegmentFile, StdFs};
 pub use mmap::SegmentMap;
-pub use recovery::{verify_dir, verify_dir_with, RecoveryReport, SegmentReport, VerifyReport};
+pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};
 pub use verdict::{Facts, Resolution, Verdict};
+pub use verify::{
+    repair_dir, repair_dir_with, verify_dir, verify_dir_with, RepairReport, SegmentReport,
+    VerifyReport,
+};

@@ -1,0 +1,158 @@
+//! `verify` and `repair`: a torn tail is repaired without loss; damage that would drop
+//! acknowledged records is refused unless the operator accepts the loss, and then reported.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use cursorlog_engine::{
+    repair_dir, verify_dir, Append, Config, CorruptionKind, Cursor, Engine, Error, NewEvent,
+    OpenStream, Verdict,
+};
+
+fn config(dir: &Path) -> Config {
+    let mut c = Config::new(dir);
+    c.segment_bytes_max = 4096;
+    c
+}
+
+/// Writes `n` single-event appends; returns (epoch, stream).
+fn populate(dir: &Path, n: usize) -> (u64, u64) {
+    let e = Engine::open(config(dir)).unwrap();
+    let s = e.open_session("s").unwrap();
+    let st = e
+        .open_stream(OpenStream {
+            session: "s".into(),
+            epoch: s.epoch,
+            correlation: None,
+            lease_ms: None,
+        })
+        .unwrap();
+    for i in 0..n {
+        let ev = NewEvent::new("k", vec![u8::try_from(i % 200).unwrap(); 100]);
+        e.append(Append {
+            session: "s".into(),
+            stream: st.stream,
+            expected_next_seq: None,
+            events: vec![ev],
+        })
+        .unwrap();
+    }
+    e.close().unwrap();
+    (st.epoch, st.stream)
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[usize::try_from(offset).unwrap()] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn torn_tail_is_reported_by_verify_and_repaired_without_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let (epoch, stream) = populate(dir.path(), 10);
+    let last = segments(dir.path()).pop().unwrap();
+    let len = std::fs::metadata(&last).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len - 7)
+        .unwrap();
+    let v = verify_dir(dir.path()).unwrap();
+    assert!(v.ok(), "a torn tail is not corruption: {v}");
+    assert!(v.segments.last().unwrap().torn_tail_bytes > 0);
+    let r = repair_dir(dir.path(), false).unwrap();
+    assert_eq!(r.records_dropped, 0);
+    assert_eq!(r.truncated.len(), 1);
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert_eq!(
+        e.recovery_report().bytes_truncated,
+        0,
+        "repair already cut the tail"
+    );
+    assert_eq!(
+        e.resolve("s", &Cursor::new(epoch, stream, 9).to_string(), None)
+            .unwrap()
+            .verdict,
+        Verdict::Resumable
+    );
+    assert_eq!(
+        e.resolve("s", &Cursor::new(epoch, stream, 10).to_string(), None)
+            .unwrap()
+            .verdict,
+        Verdict::CursorAhead
+    );
+}
+
+#[test]
+fn damage_before_valid_records_in_the_tail_needs_accepted_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let (epoch, stream) = populate(dir.path(), 8);
+    let last = segments(dir.path()).pop().unwrap();
+    assert_eq!(segments(dir.path()).len(), 1);
+    // Damage the third frame's body: valid frames follow it.
+    let frame = 24 + 8 * 8 + 8 + 1 + 8 + 8 + 1 + 100; // rough size of one event frame
+    flip(&last, 32 + 2 * frame + 30);
+    match Engine::open(config(dir.path())) {
+        Err(Error::Corruption {
+            segment,
+            kind: CorruptionKind::DamageBeforeValidRecords,
+            ..
+        }) => assert_eq!(segment, last),
+        other => panic!("open must refuse, got {other:?}"),
+    }
+    assert!(!verify_dir(dir.path()).unwrap().ok());
+    assert!(
+        matches!(repair_dir(dir.path(), false), Err(Error::Corruption { .. })),
+        "no silent loss"
+    );
+    let r = repair_dir(dir.path(), true).unwrap();
+    assert!(r.records_dropped >= 4, "{r}");
+    let e = Engine::open(config(dir.path())).unwrap();
+    let read = e.read("s", stream, 0, 100).unwrap();
+    assert!(
+        !read.events.is_empty() && read.events.len() < 8,
+        "the prefix before the damage survives"
+    );
+    let lost = Cursor::new(epoch, stream, 8).to_string();
+    assert_eq!(
+        e.resolve("s", &lost, None).unwrap().verdict,
+        Verdict::CursorAhead,
+        "lost events are never served"
+    );
+}
+
+#[test]
+fn sealed_segment_damage_is_refused_then_cut_with_later_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    populate(dir.path(), 120);
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 3);
+    flip(&segs[1], 200);
+    let v = verify_dir(dir.path()).unwrap();
+    assert!(!v.ok());
+    assert!(
+        v.to_string()
+            .contains(&segs[1].file_name().unwrap().to_string_lossy().into_owned()),
+        "{v}"
+    );
+    assert!(
+        matches!(repair_dir(dir.path(), false), Err(Error::Corruption { ref segment, .. }) if *segment == segs[1])
+    );
+    let r = repair_dir(dir.path(), true).unwrap();
+    assert_eq!(r.deleted.len(), segs.len() - 2, "{r}");
+    assert!(r.index_removed);
+    assert!(verify_dir(dir.path()).unwrap().ok());
+    Engine::open(config(dir.path())).unwrap();
+}
