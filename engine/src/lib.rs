@@ -42,6 +42,7 @@ mod fs;
 mod index;
 mod log;
 mod mmap;
+mod read;
 mod record;
 mod recovery;
 mod retention;
@@ -57,12 +58,13 @@ pub use api::{
 };
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
-pub use engine::{Engine, Follower};
+pub use engine::Engine;
 pub use error::{CorruptionKind, Error, Result};
 #[cfg(feature = "testing")]
 pub use fs::{Fault, FaultyFs};
 pub use fs::{FileSystem, SegmentFile, StdFs};
 pub use mmap::SegmentMap;
+pub use read::Follower;
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};
 pub use verdict::{Facts, Resolution, Verdict};

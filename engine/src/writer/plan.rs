@@ -1,0 +1,414 @@
+//! Planning: validates one request against the current state (the committed index plus
+//! what earlier requests of the same group commit changed) and turns it into records.
+//! Terminal tombstones are enforced here: nothing is appended to a terminated stream.
+
+use super::{duration_ms, now_ms, Command, Reply, Writer};
+use crate::api::{
+    Append, Appended, EpochAdvanced, NewEvent, SessionExpired, SessionInfo, StreamInfo, Terminated,
+};
+use crate::apply::remove_positions;
+use crate::cursor::Cursor;
+use crate::error::{Error, Result};
+use crate::index::{
+    open_stream_key, outcome_key, parse_origin_key, terminal_frame_key, KvRead, Txn,
+    ORIGIN_SESSION, ORIGIN_STREAM,
+};
+use crate::record::{EventBody, Record, StreamOpened, StreamSnapshot, Terminal};
+use crate::state::{StreamMeta, StreamState};
+use crate::verdict::past_horizon;
+use std::sync::atomic::Ordering;
+
+impl Writer {
+    pub(super) fn plan(
+        &mut self,
+        cmd: Command,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Result<Reply> {
+        let now = now_ms();
+        match cmd {
+            Command::Sync => Ok(Reply::Done),
+            Command::OpenSession(session) => match txn.stored_session(&session)? {
+                Some(s) if s.meta.expired_at_ms.is_some() => Err(Error::SessionExpired),
+                Some(s) => Ok(Reply::Session(SessionInfo {
+                    session,
+                    epoch: s.meta.epoch,
+                    created: false,
+                })),
+                None => {
+                    let rec = Record::SessionOpened {
+                        session: session.clone(),
+                        epoch: 1,
+                        at_ms: now,
+                    };
+                    self.emit(vec![rec], txn, buf)?;
+                    Ok(Reply::Session(SessionInfo {
+                        session,
+                        epoch: 1,
+                        created: true,
+                    }))
+                }
+            },
+            Command::AdvanceEpoch(session) => {
+                let s = live_session(txn, &session)?;
+                let epoch = s
+                    .epoch
+                    .checked_add(1)
+                    .ok_or_else(|| Error::invalid("session", "epoch exhausted"))?;
+                let superseded = txn.open_streams(&session)?;
+                let mut records = vec![Record::EpochAdvanced {
+                    session,
+                    epoch,
+                    at_ms: now,
+                }];
+                for stream in &superseded {
+                    records.push(self.tombstone(
+                        txn,
+                        *stream,
+                        StreamState::Superseded,
+                        Some("epoch advanced".into()),
+                        None,
+                        now,
+                    )?);
+                }
+                self.emit(records, txn, buf)?;
+                Ok(Reply::Epoch(EpochAdvanced { epoch, superseded }))
+            }
+            Command::ExpireSession(session) => {
+                live_session(txn, &session)?;
+                let aborted = txn.open_streams(&session)?;
+                let mut records = vec![Record::SessionExpired {
+                    session,
+                    at_ms: now,
+                }];
+                for stream in &aborted {
+                    records.push(self.tombstone(
+                        txn,
+                        *stream,
+                        StreamState::Aborted,
+                        Some("session expired".into()),
+                        None,
+                        now,
+                    )?);
+                }
+                self.emit(records, txn, buf)?;
+                Ok(Reply::Expired(SessionExpired { aborted }))
+            }
+            Command::OpenStream(req) => {
+                let s = live_session(txn, &req.session)?;
+                if req.epoch != s.epoch {
+                    return Err(Error::StaleEpoch {
+                        given: req.epoch,
+                        current: s.epoch,
+                    });
+                }
+                let stream = self.next_lsn;
+                let rec = Record::StreamOpened(StreamOpened {
+                    stream,
+                    session: req.session,
+                    epoch: s.epoch,
+                    correlation: req.correlation,
+                    lease_ms: req.lease_ms,
+                    at_ms: now,
+                });
+                self.emit(vec![rec], txn, buf)?;
+                Ok(Reply::Stream(StreamInfo {
+                    stream,
+                    epoch: s.epoch,
+                }))
+            }
+            Command::Append(req) => self.plan_append(req, txn, buf, now),
+            Command::Terminate {
+                session,
+                stream,
+                state,
+                expected_next_seq,
+                reason,
+                frame,
+            } => {
+                let meta = owned_stream(txn, session.as_deref(), stream)?;
+                if meta.state.is_terminal() {
+                    return Err(terminated(&meta));
+                }
+                if let Some(expected) = expected_next_seq {
+                    if expected != meta.head + 1 {
+                        return Err(Error::SeqConflict {
+                            stream,
+                            expected,
+                            head: meta.head,
+                            reason: "a terminal frame must follow the head",
+                        });
+                    }
+                }
+                let rec = self.tombstone(txn, stream, state, reason, frame, now)?;
+                let Record::Terminal(t) = &rec else {
+                    unreachable!("tombstone builds a terminal record")
+                };
+                let reply = Terminated {
+                    stream,
+                    state,
+                    terminal_seq: t.terminal_seq,
+                    cursor: Cursor::new(meta.epoch, stream, t.terminal_seq),
+                };
+                self.emit(vec![rec], txn, buf)?;
+                Ok(Reply::Terminated(reply))
+            }
+            Command::Trim {
+                session,
+                stream,
+                watermark,
+            } => {
+                let meta = owned_stream(txn, session.as_deref(), stream)?;
+                let target = watermark.min(meta.head + 1);
+                if target <= meta.watermark {
+                    return Ok(Reply::Watermark(meta.watermark));
+                }
+                self.emit(
+                    vec![Record::Trim {
+                        stream,
+                        watermark: target,
+                        at_ms: now,
+                    }],
+                    txn,
+                    buf,
+                )?;
+                Ok(Reply::Watermark(target))
+            }
+            Command::Retire { below_lsn, .. } => {
+                let records = self.carry_forward(txn, below_lsn, now)?;
+                if !records.is_empty() {
+                    self.emit(records, txn, buf)?;
+                }
+                Ok(Reply::Done)
+            }
+        }
+    }
+
+    fn plan_append(
+        &mut self,
+        req: Append,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+        now: u64,
+    ) -> Result<Reply> {
+        let cfg = &self.shared.config;
+        let meta = owned_stream(txn, Some(&req.session), req.stream)?;
+        if meta.state.is_terminal() {
+            return Err(terminated(&meta));
+        }
+        let count = req.events.len() as u64;
+        let next = meta.head + 1;
+        if let Some(expected) = req.expected_next_seq {
+            if expected < next {
+                return self.match_retry(&req, &meta, expected);
+            }
+            if expected > next {
+                return Err(Error::SeqConflict {
+                    stream: req.stream,
+                    expected,
+                    head: meta.head,
+                    reason: "the expected seq is beyond the head (a gap)",
+                });
+            }
+        }
+        let first_seq = next;
+        let mut records: Vec<Record> = req
+            .events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| Record::Event(body(req.stream, first_seq + i as u64, now, e)))
+            .collect();
+        let last_seq = first_seq + count - 1;
+        if let Some(max) = cfg.retention.max_events_per_stream {
+            let keep_from = (last_seq + 1).saturating_sub(max.max(1));
+            if keep_from > meta.watermark {
+                records.push(Record::Trim {
+                    stream: req.stream,
+                    watermark: keep_from,
+                    at_ms: now,
+                });
+            }
+        }
+        let payload: u64 = records
+            .iter()
+            .map(|r| {
+                if let Record::Event(e) = r {
+                    e.payload.len() as u64
+                } else {
+                    0
+                }
+            })
+            .sum();
+        self.emit(records, txn, buf)?;
+        let c = &self.shared.counters;
+        c.events_appended.fetch_add(count, Ordering::Relaxed);
+        c.payload_bytes_appended
+            .fetch_add(payload, Ordering::Relaxed);
+        Ok(Reply::Appended(Appended {
+            epoch: meta.epoch,
+            stream: req.stream,
+            first_seq,
+            last_seq,
+            duplicate: false,
+        }))
+    }
+
+    /// An append whose expected seq is already written: success if it is the same batch.
+    fn match_retry(&self, req: &Append, meta: &StreamMeta, expected: u64) -> Result<Reply> {
+        let count = req.events.len() as u64;
+        let conflict = |reason| Error::SeqConflict {
+            stream: req.stream,
+            expected,
+            head: meta.head,
+            reason,
+        };
+        if expected + count - 1 > meta.head {
+            return Err(conflict(
+                "the batch overlaps the head: it is not a retry of a written batch",
+            ));
+        }
+        if expected < meta.watermark {
+            return Err(Error::Evicted {
+                stream: req.stream,
+                seq: expected,
+                watermark: meta.watermark,
+            });
+        }
+        for (i, e) in req.events.iter().enumerate() {
+            let seq = expected + i as u64;
+            let stored = crate::read::read_event(&self.shared, req.stream, seq)?;
+            let same = stored.as_ref().is_some_and(|s| {
+                s.payload == e.payload && s.kind == e.kind && s.correlation == e.correlation
+            });
+            if !same {
+                return Err(conflict(
+                    "a retry carried different events than the batch written at that seq",
+                ));
+            }
+        }
+        Ok(Reply::Appended(Appended {
+            epoch: meta.epoch,
+            stream: req.stream,
+            first_seq: expected,
+            last_seq: expected + count - 1,
+            duplicate: true,
+        }))
+    }
+
+    fn tombstone(
+        &self,
+        txn: &Txn<'_>,
+        stream: u64,
+        state: StreamState,
+        reason: Option<String>,
+        frame: Option<NewEvent>,
+        now: u64,
+    ) -> Result<Record> {
+        let meta = txn
+            .stored_stream(stream)?
+            .ok_or(Error::UnknownStream(stream))?
+            .meta;
+        let terminal_seq = meta.head + u64::from(frame.is_some());
+        Ok(Record::Terminal(Terminal {
+            stream,
+            state,
+            terminal_seq,
+            at_ms: now,
+            reason,
+            frame: frame.map(|f| body(stream, terminal_seq, now, f)),
+        }))
+    }
+
+    /// Snapshot records for state born below `below_lsn` that is still remembered; state past
+    /// the metadata horizon is forgotten instead.
+    fn carry_forward(&self, txn: &mut Txn<'_>, below_lsn: u64, now: u64) -> Result<Vec<Record>> {
+        let horizon = duration_ms(self.shared.config.retention.metadata_horizon);
+        let mut records = Vec::new();
+        for key in self.shared.index.origins_below(below_lsn)? {
+            let Some((_, kind, id)) = parse_origin_key(&key) else {
+                continue;
+            };
+            match kind {
+                ORIGIN_SESSION => {
+                    let Ok(id) = std::str::from_utf8(id) else {
+                        continue;
+                    };
+                    let Some(s) = txn.stored_session(id)? else {
+                        continue;
+                    };
+                    if past_horizon(s.meta.expired_at_ms, now, horizon) {
+                        txn.remove_raw(crate::index::session_key(id));
+                        txn.remove_raw(key);
+                    } else {
+                        records.push(Record::SessionSnapshot(s.meta));
+                    }
+                }
+                ORIGIN_STREAM => {
+                    let Some(id) = id.try_into().ok().map(u64::from_be_bytes) else {
+                        continue;
+                    };
+                    let Some(s) = txn.stored_stream(id)? else {
+                        continue;
+                    };
+                    let m = s.meta;
+                    if past_horizon(m.ended_at_ms, now, horizon) {
+                        txn.remove_raw(crate::index::stream_key(id).to_vec());
+                        txn.remove_raw(terminal_frame_key(id).to_vec());
+                        txn.remove_raw(open_stream_key(&m.session, id));
+                        if let Some(c) = &m.correlation {
+                            if txn.outcome_stream(&m.session, c)? == Some(id) {
+                                txn.remove_raw(outcome_key(&m.session, c));
+                            }
+                        }
+                        remove_positions(txn, id, 0, u64::MAX)?;
+                        txn.remove_raw(key);
+                    } else {
+                        let terminal_frame = txn.terminal_frame(id)?;
+                        records.push(Record::StreamSnapshot(StreamSnapshot {
+                            meta: m,
+                            terminal_frame,
+                        }));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(records)
+    }
+}
+
+fn body(stream: u64, seq: u64, at_ms: u64, e: NewEvent) -> EventBody {
+    EventBody {
+        stream,
+        seq,
+        at_ms,
+        kind: e.kind,
+        correlation: e.correlation,
+        payload: e.payload,
+    }
+}
+
+fn terminated(meta: &StreamMeta) -> Error {
+    Error::StreamTerminated {
+        stream: meta.id,
+        state: meta.state,
+        terminal_seq: meta.head,
+    }
+}
+
+fn live_session(txn: &Txn<'_>, session: &str) -> Result<crate::state::SessionMeta> {
+    match txn.stored_session(session)? {
+        None => Err(Error::UnknownSession),
+        Some(s) if s.meta.expired_at_ms.is_some() => Err(Error::SessionExpired),
+        Some(s) => Ok(s.meta),
+    }
+}
+
+/// The stream, checked to belong to `session` when one is given (internal callers such as
+/// retention and the lease reaper pass none).
+fn owned_stream(txn: &Txn<'_>, session: Option<&str>, stream: u64) -> Result<StreamMeta> {
+    match txn.stored_stream(stream)? {
+        Some(s) if session.is_none_or(|sess| sess == s.meta.session) => Ok(s.meta),
+        _ => Err(Error::UnknownStream(stream)),
+    }
+}
