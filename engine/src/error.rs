@@ -37,6 +37,8 @@ pub enum CorruptionKind {
     /// Valid records follow a damaged region of the active segment, so the damage is not a
     /// torn tail and truncating would drop acknowledged data.
     DamageBeforeValidRecords,
+    /// The index points into a segment file that is no longer there.
+    MissingSegment,
 }
 
 impl std::fmt::Display for CorruptionKind {
@@ -55,6 +57,7 @@ impl std::fmt::Display for CorruptionKind {
             Self::LsnGap { expected, got } => {
                 write!(f, "lsn gap (expected {expected}, found {got})")
             }
+            Self::MissingSegment => f.write_str("segment file is missing"),
             Self::DamageBeforeValidRecords => {
                 f.write_str("damaged region followed by valid records (not a torn tail)")
             }

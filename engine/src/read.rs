@@ -149,11 +149,9 @@ impl Engine {
 
 /// Reads and checks the stored event `seq` of `stream` at `pos`.
 fn read_at(shared: &Shared, stream: u64, seq: u64, pos: Position) -> Result<Event> {
-    let seg = shared.segments.get(pos.segment).ok_or(Error::Evicted {
-        stream,
-        seq,
-        watermark: seq + 1,
-    })?;
+    let Some(seg) = shared.segments.get(pos.segment) else {
+        return Err(missing_segment(shared, stream, seq, pos.segment));
+    };
     let decoded = seg.with_bytes(pos.offset, u64::from(pos.len), decode_frame)?;
     let corrupt = |kind| Error::Corruption {
         segment: seg.path().to_path_buf(),
@@ -195,6 +193,29 @@ fn read_at(shared: &Shared, stream: u64, seq: u64, pos: Position) -> Result<Even
         payload: body.payload,
         appended_at_ms: body.at_ms,
     })
+}
+
+/// A position whose segment is gone: evicted if retention raised the watermark past `seq`
+/// meanwhile (a read racing a trim), otherwise a segment file was lost: data loss, said so.
+fn missing_segment(shared: &Shared, stream: u64, seq: u64, segment: u64) -> Error {
+    let watermark = shared
+        .index
+        .stored_stream(stream)
+        .ok()
+        .flatten()
+        .map_or(u64::MAX, |s| s.meta.watermark);
+    if seq < watermark {
+        return Error::Evicted {
+            stream,
+            seq,
+            watermark,
+        };
+    }
+    Error::Corruption {
+        segment: shared.config.dir.join(crate::format::segment_name(segment)),
+        offset: 0,
+        kind: CorruptionKind::MissingSegment,
+    }
 }
 
 /// Reads one committed event, `None` if it has no index entry.

@@ -66,6 +66,20 @@ pub(crate) struct ScanEnd {
     pub records: u64,
     /// Where and why scanning stopped before the end of the bytes, if it did.
     pub damage: Option<(u64, CorruptionKind)>,
+    /// Where scanning stopped: the first frame that failed, or the end of the bytes.
+    pub stop_offset: u64,
+    /// The LSN the frame at `stop_offset` had to carry.
+    pub stop_lsn: u64,
+}
+
+impl ScanEnd {
+    /// True when the damage (if any) can be a torn write: no CRC-valid frame carrying the
+    /// LSN expected at the stop, or a later one, follows it. Frames of the incomplete last
+    /// group before the stop are torn too.
+    pub(crate) fn is_torn_tail(&self, bytes: &[u8]) -> bool {
+        self.damage.is_none()
+            || !valid_frame_after(bytes, self.stop_offset, self.stop_lsn.saturating_sub(1))
+    }
 }
 
 fn frame_corruption(e: FrameError) -> CorruptionKind {
@@ -86,6 +100,8 @@ pub(crate) fn scan_segment(
 ) -> Result<ScanEnd> {
     let mut offset = SEGMENT_HEADER_BYTES as u64;
     let mut end = ScanEnd {
+        stop_offset: 0,
+        stop_lsn: 0,
         valid_end: offset,
         last_lsn: base_lsn.saturating_sub(1),
         records: 0,
@@ -129,6 +145,8 @@ pub(crate) fn scan_segment(
             group.clear();
         }
     }
+    end.stop_offset = offset;
+    end.stop_lsn = expected_lsn;
     if end.damage.is_none() && !group.is_empty() {
         // The bytes ended inside a group: the rest of the group was never written.
         end.damage = Some((end.valid_end, CorruptionKind::BadLength(0)));
@@ -273,7 +291,7 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<Recovered>
     }
     let tail_end = scan_segment(&tail_bytes, tail_base, |_| Ok(()))?;
     if let Some((offset, kind)) = &tail_end.damage {
-        if valid_frame_after(&tail_bytes, *offset, tail_end.last_lsn) {
+        if !tail_end.is_torn_tail(&tail_bytes) {
             return Err(Error::Corruption {
                 segment: tail_path,
                 offset: *offset,

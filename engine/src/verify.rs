@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{decode_segment_header, INDEX_DIR};
 use crate::fs::{FileSystem, StdFs};
-use crate::recovery::{header_error, list_segments, scan_segment, valid_frame_after};
+use crate::recovery::{header_error, list_segments, scan_segment};
 
 /// What `verify` found in one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,9 +110,7 @@ pub fn verify_dir_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyReport> 
                     seg.error = Some(format!("lsn gap: previous segment ends before {prev_end}, this one starts at {base}"));
                 }
                 match end.damage {
-                    Some((offset, kind))
-                        if !is_tail || valid_frame_after(&bytes, offset, end.last_lsn) =>
-                    {
+                    Some((offset, kind)) if !is_tail || !end.is_torn_tail(&bytes) => {
                         let kind = if is_tail {
                             CorruptionKind::DamageBeforeValidRecords
                         } else {
@@ -130,8 +128,13 @@ pub fn verify_dir_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyReport> 
                     Some(_) => seg.torn_tail_bytes = bytes.len() as u64 - end.valid_end,
                     None => {}
                 }
-                expected_base = Some(end.last_lsn + 1);
+                // Continuity is only checkable from an intact segment: after a damaged one,
+                // the next segment's base cannot be judged (and must not be blamed).
+                expected_base = seg.error.is_none().then_some(end.last_lsn + 1);
             }
+        }
+        if seg.error.is_some() {
+            expected_base = None;
         }
         report.segments.push(seg);
     }
@@ -203,10 +206,11 @@ pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Re
             Err(e) => (0, header_kind(path, e)),
             Ok(_) => {
                 let end = scan_segment(&bytes, *base, |_| Ok(()))?;
+                let torn = end.is_torn_tail(&bytes);
                 match end.damage {
                     None => continue,
                     Some((offset, kind)) => {
-                        let lossy = !is_tail || valid_frame_after(&bytes, offset, end.last_lsn);
+                        let lossy = !is_tail || !torn;
                         if lossy && !accept_loss {
                             return Err(Error::Corruption {
                                 segment: path.clone(),

@@ -229,7 +229,16 @@ impl Writer {
             if let Command::Retire { bases, .. } = &cmd {
                 retire.extend_from_slice(bases);
             }
-            force_sync |= matches!(cmd, Command::Sync | Command::Retire { .. });
+            // Identity allocations are synced under every policy, so a session, stream id or
+            // epoch is never issued twice even if a later unsynced tail is lost.
+            force_sync |= matches!(
+                cmd,
+                Command::Sync
+                    | Command::Retire { .. }
+                    | Command::OpenSession(_)
+                    | Command::OpenStream(_)
+                    | Command::AdvanceEpoch(_)
+            );
             match self.plan(cmd, &mut txn, &mut buf) {
                 Ok(reply) => acks.push((tx, reply)),
                 Err(e @ Error::Index(_)) => {
