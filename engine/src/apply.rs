@@ -113,15 +113,11 @@ pub(crate) fn apply(txn: &mut Txn<'_>, lsn: u64, pos: Position, record: &Record)
 
 /// Removes index entries of `stream`'s events with `from <= seq < to`.
 pub(crate) fn remove_positions(txn: &mut Txn<'_>, stream: u64, from: u64, to: u64) -> Result<()> {
-    let prefix = &event_key(stream, 0)[..9];
-    for (k, _) in txn.raw_scan(prefix)? {
-        let seq = k
-            .get(9..17)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_be_bytes);
-        if seq.is_some_and(|s| s >= from && s < to) {
-            txn.remove_raw(k);
-        }
+    if from >= to {
+        return Ok(());
+    }
+    for k in txn.raw_range_keys(&event_key(stream, from), &event_key(stream, to))? {
+        txn.remove_raw(k);
     }
     Ok(())
 }

@@ -137,6 +137,8 @@ pub(crate) trait KvRead {
     fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
     /// Keys with `prefix` (ascending), with their values.
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Keys in `start..end`, ascending.
+    fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>>;
 
     fn stored_session(&self, id: &str) -> Result<Option<StoredSession>> {
         let k = session_key(id);
@@ -321,6 +323,13 @@ impl KvRead for Index {
             .map(|kv| Ok(kv.map(|(k, v)| (k.to_vec(), v.to_vec()))?))
             .collect()
     }
+
+    fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.tree
+            .range(start..end)
+            .map(|kv| Ok(kv?.0.to_vec()))
+            .collect()
+    }
 }
 
 impl StateView for Index {
@@ -398,6 +407,19 @@ impl KvRead for Txn<'_> {
                 Some(v) => merged.insert(k.clone(), v.clone()),
                 None => merged.remove(k),
             };
+        }
+        Ok(merged.into_iter().collect())
+    }
+
+    fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let mut merged: std::collections::BTreeSet<Vec<u8>> =
+            self.base.raw_range_keys(start, end)?.into_iter().collect();
+        for (k, v) in self.writes.range(start.to_vec()..end.to_vec()) {
+            if v.is_some() {
+                merged.insert(k.clone());
+            } else {
+                merged.remove(k);
+            }
         }
         Ok(merged.into_iter().collect())
     }
