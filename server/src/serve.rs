@@ -1,0 +1,360 @@
+//! `cursorlog serve`: open the engine, serve gRPC (with health and reflection), shut down
+//! cleanly on SIGINT/SIGTERM.
+//!
+//! Shutdown order: mark health NOT_SERVING, end live followers, stop accepting connections and
+//! wait (up to the grace period) for in-flight calls, then close the engine, which drains the
+//! writer and syncs. Exit status 0 means the engine closed cleanly.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cursorlog_engine::{Config, Engine};
+use cursorlog_proto::v1::cursor_log_server::CursorLogServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Status};
+
+use crate::metrics::{self, Metrics};
+use crate::service::CursorLogService;
+use crate::ServeArgs;
+
+/// Headroom above the payload limit for the rest of an append message, in bytes.
+const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// Runs the server until a shutdown signal; the process exit status.
+pub fn run(args: ServeArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err}");
+            eprintln!("cursorlog: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The engine configuration the flags describe.
+fn engine_config(args: &ServeArgs) -> Config {
+    let mut config = Config::new(&args.data_dir);
+    config.sync = args.sync;
+    if let Some(n) = args.segment_bytes {
+        config.segment_bytes_max = n;
+    }
+    if let Some(n) = args.payload_bytes_max {
+        config.payload_bytes_max = n;
+    }
+    if let Some(n) = args.batch_events_max {
+        config.batch_events_max = n;
+    }
+    let retention = &mut config.retention;
+    retention.max_age = args.retention_max_age_secs.map(Duration::from_secs);
+    retention.max_total_bytes = args.retention_max_bytes;
+    retention.max_events_per_stream = args.retention_max_events_per_stream;
+    if let Some(secs) = args.metadata_horizon_secs {
+        retention.metadata_horizon = Duration::from_secs(secs);
+    }
+    if let Some(ms) = args.retention_check_interval_ms {
+        retention.check_interval = Duration::from_millis(ms.max(1));
+    }
+    config
+}
+
+/// Refuses configurations that would be unsafe or cannot work.
+fn check_args(args: &ServeArgs, config: &Config) -> Result<(), String> {
+    if !args.listen.ip().is_loopback()
+        && args.auth_token.is_none()
+        && !args.allow_insecure_non_loopback
+    {
+        return Err(format!(
+            "refusing to listen on non-loopback address {} without --auth-token \
+             (pass --allow-insecure-non-loopback to override)",
+            args.listen
+        ));
+    }
+    if args.auth_token.as_deref() == Some("") {
+        return Err("--auth-token must not be empty".into());
+    }
+    let payload_bytes = usize::try_from(config.payload_bytes_max).unwrap_or(usize::MAX);
+    if args.grpc_message_bytes_max < payload_bytes.saturating_add(MESSAGE_OVERHEAD_BYTES) {
+        return Err(format!(
+            "--grpc-message-bytes-max {} is too small for --payload-bytes-max {}: it needs at \
+             least {} bytes more",
+            args.grpc_message_bytes_max, config.payload_bytes_max, MESSAGE_OVERHEAD_BYTES
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `authorization: Bearer <token>` in constant time with respect to the token's bytes.
+fn check_bearer(expected: Option<&str>, request: &Request<()>) -> Result<(), Status> {
+    let Some(expected) = expected else {
+        return Ok(());
+    };
+    let given = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| Status::unauthenticated("authorization: Bearer <token> is required"))?;
+    let same_len = given.len() == expected.len();
+    let diff = given
+        .bytes()
+        .zip(expected.bytes())
+        .fold(0_u8, |acc, (a, b)| acc | (a ^ b));
+    if same_len && diff == 0 {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated("bearer token is not valid"))
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() -> Result<&'static str, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        _ = int.recv() => Ok("SIGINT"),
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let config = engine_config(&args);
+    check_args(&args, &config)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let cert = std::fs::read(cert)
+                .map_err(|e| format!("cannot read --tls-cert {}: {e}", cert.display()))?;
+            let key = std::fs::read(key)
+                .map_err(|e| format!("cannot read --tls-key {}: {e}", key.display()))?;
+            Some(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
+        }
+        _ => None,
+    };
+    // Install the signal handlers before anything slow, so an early SIGTERM is not fatal.
+    let signal = tokio::spawn(shutdown_signal());
+
+    let data_dir = config.dir.clone();
+    let engine = tokio::task::spawn_blocking(move || Engine::open(config))
+        .await
+        .map_err(|e| format!("opening the data directory panicked: {e}"))?
+        .map_err(|e| format!("cannot open data directory {}: {e}", data_dir.display()))?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| format!("listen address: {e}"))?;
+
+    let metrics = Arc::new(Metrics::default());
+    let metrics_task = match args.metrics_listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+            let bound = l
+                .local_addr()
+                .map_err(|e| format!("metrics address: {e}"))?;
+            tracing::info!("metrics on http://{bound}/metrics");
+            println!("metrics listening on {bound}");
+            Some(tokio::spawn(metrics::serve(
+                l,
+                engine.clone(),
+                Arc::clone(&metrics),
+            )))
+        }
+        None => None,
+    };
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let service = CursorLogService::new(
+        engine.clone(),
+        Arc::clone(&metrics),
+        shutdown_rx.clone(),
+        args.grpc_message_bytes_max,
+    );
+    let cursorlog = CursorLogServer::new(service)
+        .max_decoding_message_size(args.grpc_message_bytes_max)
+        .max_encoding_message_size(args.grpc_message_bytes_max);
+    let token = args.auth_token.clone();
+    let cursorlog = InterceptedService::new(cursorlog, move |request: Request<()>| {
+        check_bearer(token.as_deref(), &request).map(|()| request)
+    });
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<CursorLogServer<CursorLogService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(cursorlog_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| format!("reflection service: {e}"))?;
+
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| format!("TLS configuration: {e}"))?;
+    }
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let mut stop_accepting = shutdown_rx.clone();
+    let server = builder
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(cursorlog)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop_accepting.wait_for(|down| *down).await;
+        });
+    let mut server = tokio::spawn(server);
+
+    tracing::info!(
+        data_dir = %args.data_dir.display(),
+        sync = %args.sync,
+        tls = args.tls_cert.is_some(),
+        auth = args.auth_token.is_some(),
+        "cursorlog {} serving data dir {}; recovery: {}; listening on {local}",
+        env!("CARGO_PKG_VERSION"),
+        args.data_dir.display(),
+        engine.recovery_report(),
+    );
+    println!("listening on {local}");
+    let _ = std::io::stdout().flush();
+
+    let outcome = tokio::select! {
+        signal = signal => match signal {
+            Ok(Ok(name)) => {
+                tracing::info!("{name} received: shutting down");
+                Ok(())
+            }
+            Ok(Err(err)) => Err(err),
+            Err(err) => Err(format!("signal handler failed: {err}")),
+        },
+        ended = &mut server => match ended {
+            Ok(Ok(())) => Err("the gRPC server stopped unexpectedly".to_owned()),
+            Ok(Err(err)) => Err(format!("the gRPC server failed: {err}")),
+            Err(err) => Err(format!("the gRPC server panicked: {err}")),
+        },
+    };
+
+    health_reporter
+        .set_not_serving::<CursorLogServer<CursorLogService>>()
+        .await;
+    let _ = shutdown_tx.send(true);
+    if !server.is_finished() {
+        let grace = Duration::from_secs(args.shutdown_grace_secs);
+        match tokio::time::timeout(grace, &mut server).await {
+            Ok(Ok(Ok(()))) => tracing::info!("in-flight calls drained"),
+            Ok(Ok(Err(err))) => tracing::warn!(error = %err, "gRPC server ended with an error"),
+            Ok(Err(err)) => tracing::warn!(error = %err, "gRPC server task failed"),
+            Err(_) => {
+                tracing::warn!("in-flight calls still running after {grace:?}; closing anyway");
+                server.abort();
+            }
+        }
+    }
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
+    let closed = tokio::task::spawn_blocking(move || engine.close())
+        .await
+        .map_err(|e| format!("closing the engine panicked: {e}"))?;
+    match (closed, outcome) {
+        (Ok(()), Ok(())) => {
+            tracing::info!("engine closed cleanly; bye");
+            Ok(())
+        }
+        (Err(err), _) => Err(format!("closing the engine failed: {err}")),
+        (Ok(()), Err(err)) => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> ServeArgs {
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let mut argv = vec!["cursorlog"];
+        argv.extend_from_slice(extra);
+        Wrap::try_parse_from(argv).unwrap().serve
+    }
+
+    #[test]
+    fn non_loopback_needs_a_token_or_an_override() {
+        let a = args(&["--listen", "0.0.0.0:1"]);
+        let err = check_args(&a, &engine_config(&a)).unwrap_err();
+        assert!(err.contains("--auth-token"), "{err}");
+        let a = args(&["--listen", "0.0.0.0:1", "--auth-token", "t"]);
+        assert!(check_args(&a, &engine_config(&a)).is_ok());
+        let a = args(&["--listen", "0.0.0.0:1", "--allow-insecure-non-loopback"]);
+        assert!(check_args(&a, &engine_config(&a)).is_ok());
+        let a = args(&["--listen", "[::1]:1"]);
+        assert!(check_args(&a, &engine_config(&a)).is_ok());
+    }
+
+    #[test]
+    fn message_limit_must_fit_a_payload() {
+        let a = args(&[
+            "--payload-bytes-max",
+            "1048576",
+            "--grpc-message-bytes-max",
+            "1048576",
+        ]);
+        assert!(check_args(&a, &engine_config(&a)).is_err());
+    }
+
+    #[test]
+    fn flags_reach_the_engine_config() {
+        let a = args(&[
+            "--segment-bytes",
+            "4096",
+            "--retention-max-age-secs",
+            "60",
+            "--metadata-horizon-secs",
+            "5",
+            "--sync",
+            "never",
+        ]);
+        let c = engine_config(&a);
+        assert_eq!(c.segment_bytes_max, 4096);
+        assert_eq!(c.retention.max_age, Some(Duration::from_secs(60)));
+        assert_eq!(c.retention.metadata_horizon, Duration::from_secs(5));
+        assert_eq!(c.sync, cursorlog_engine::SyncPolicy::Never);
+    }
+
+    #[test]
+    fn bearer_tokens_are_checked() {
+        let mut ok = Request::new(());
+        ok.metadata_mut()
+            .insert("authorization", "Bearer s3cret".parse().unwrap());
+        assert!(check_bearer(Some("s3cret"), &ok).is_ok());
+        let mut bad = Request::new(());
+        bad.metadata_mut()
+            .insert("authorization", "Bearer s3cres".parse().unwrap());
+        let err = check_bearer(Some("s3cret"), &bad).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        assert!(check_bearer(Some("s3cret"), &Request::new(())).is_err());
+        assert!(check_bearer(None, &Request::new(())).is_ok());
+    }
+}

@@ -1,0 +1,466 @@
+//! The tonic implementation of `cursorlog.v1.CursorLog`: validate, call the engine on the
+//! blocking pool, map the error.
+//!
+//! Engine calls block (they may wait for a group commit and its fsync), so every one runs in
+//! `spawn_blocking`. Dropping a handler's future (the client went away) does not cancel the
+//! blocking call: an append that started is completed and made durable even if nobody is left
+//! to receive the acknowledgement, and is recognised as a duplicate on retry.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cursorlog_engine::{self as engine, Cursor, Engine, Verdict};
+use cursorlog_proto::v1 as pb;
+use cursorlog_proto::v1::cursor_log_server::CursorLog;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::convert;
+use crate::metrics::Metrics;
+use crate::status;
+
+/// Messages buffered per Read call before the producer waits for the client.
+const READ_CHANNEL_DEPTH: usize = 16;
+/// Events per batch when the client leaves `batch_events_max` at 0.
+const READ_BATCH_EVENTS_DEFAULT: u32 = 256;
+/// Target size of one Read batch message, in bytes: below the 4 MiB default decoding limit
+/// of gRPC clients, so a client with default settings can read any stream.
+const READ_BATCH_BYTES_TARGET: usize = 3 * 1024 * 1024;
+
+/// The service state shared by all calls.
+#[derive(Debug, Clone)]
+pub struct CursorLogService {
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    /// Becomes true when the server starts shutting down; live followers end then.
+    shutdown: watch::Receiver<bool>,
+    /// Upper bound on one encoded response message, in bytes.
+    message_bytes_max: usize,
+}
+
+impl CursorLogService {
+    /// A service over `engine`. `message_bytes_max` is the gRPC encoding limit the server was
+    /// configured with; Read splits event batches to stay below it.
+    pub fn new(
+        engine: Engine,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+        message_bytes_max: usize,
+    ) -> Self {
+        Self {
+            engine,
+            metrics,
+            shutdown,
+            message_bytes_max,
+        }
+    }
+
+    async fn blocking<T, F>(&self, f: F) -> Result<T, Status>
+    where
+        F: FnOnce(&Engine) -> engine::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        run_blocking(&self.engine, f).await
+    }
+}
+
+async fn run_blocking<T, F>(engine: &Engine, f: F) -> Result<T, Status>
+where
+    F: FnOnce(&Engine) -> engine::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let engine = engine.clone();
+    match tokio::task::spawn_blocking(move || f(&engine)).await {
+        Ok(result) => result.map_err(|err| status::from_engine(&err)),
+        Err(join) => {
+            tracing::error!(error = %join, "engine call panicked");
+            Err(Status::internal(
+                "engine call panicked; the server log has the details",
+            ))
+        }
+    }
+}
+
+type ReadStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl CursorLog for CursorLogService {
+    async fn open_session(
+        &self,
+        request: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let session = convert::required_str("session", request.into_inner().session)?;
+        let info = self.blocking(move |e| e.open_session(&session)).await?;
+        Ok(Response::new(pb::OpenSessionResponse {
+            session: info.session,
+            epoch: info.epoch,
+            created: info.created,
+        }))
+    }
+
+    async fn advance_epoch(
+        &self,
+        request: Request<pb::AdvanceEpochRequest>,
+    ) -> Result<Response<pb::AdvanceEpochResponse>, Status> {
+        let session = convert::required_str("session", request.into_inner().session)?;
+        let advanced = self.blocking(move |e| e.advance_epoch(&session)).await?;
+        Ok(Response::new(pb::AdvanceEpochResponse {
+            epoch: advanced.epoch,
+            superseded_streams: advanced.superseded,
+        }))
+    }
+
+    async fn expire_session(
+        &self,
+        request: Request<pb::ExpireSessionRequest>,
+    ) -> Result<Response<pb::ExpireSessionResponse>, Status> {
+        let session = convert::required_str("session", request.into_inner().session)?;
+        let expired = self.blocking(move |e| e.expire_session(&session)).await?;
+        Ok(Response::new(pb::ExpireSessionResponse {
+            aborted_streams: expired.aborted,
+        }))
+    }
+
+    async fn open_stream(
+        &self,
+        request: Request<pb::OpenStreamRequest>,
+    ) -> Result<Response<pb::OpenStreamResponse>, Status> {
+        let r = request.into_inner();
+        if r.lease_ms == Some(0) {
+            return Err(Status::invalid_argument(
+                "lease_ms must be >= 1 when present",
+            ));
+        }
+        let req = engine::OpenStream {
+            session: convert::required_str("session", r.session)?,
+            epoch: convert::required_id("epoch", r.epoch)?,
+            correlation: r.correlation,
+            lease_ms: r.lease_ms,
+        };
+        let info = self.blocking(move |e| e.open_stream(req)).await?;
+        Ok(Response::new(pb::OpenStreamResponse {
+            stream: info.stream,
+            epoch: info.epoch,
+            start_event_id: Cursor::new(info.epoch, info.stream, 0).to_string(),
+        }))
+    }
+
+    async fn append(
+        &self,
+        request: Request<pb::AppendRequest>,
+    ) -> Result<Response<pb::AppendResponse>, Status> {
+        let r = request.into_inner();
+        let req = engine::Append {
+            session: convert::required_str("session", r.session)?,
+            stream: convert::required_id("stream", r.stream)?,
+            expected_next_seq: r.expected_next_seq,
+            events: convert::new_events(r.events)?,
+        };
+        let appended = self.blocking(move |e| e.append(req)).await?;
+        Ok(Response::new(convert::appended(&appended)))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::TerminateResponse>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let stream = convert::required_id("stream", r.stream)?;
+        let terminal = r
+            .terminal
+            .map(convert::new_event)
+            .ok_or_else(|| Status::invalid_argument("terminal is required: the terminal frame"))?;
+        let expected = r.expected_next_seq;
+        let t = self
+            .blocking(move |e| e.complete(&session, stream, expected, terminal))
+            .await?;
+        Ok(Response::new(convert::terminated(&t)))
+    }
+
+    async fn abort(
+        &self,
+        request: Request<pb::AbortRequest>,
+    ) -> Result<Response<pb::TerminateResponse>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let stream = convert::required_id("stream", r.stream)?;
+        let reason = convert::required_str("reason", r.reason)?;
+        let terminal = r.terminal.map(convert::new_event);
+        let t = self
+            .blocking(move |e| e.abort(&session, stream, &reason, terminal))
+            .await?;
+        Ok(Response::new(convert::terminated(&t)))
+    }
+
+    async fn keep_alive(
+        &self,
+        request: Request<pb::KeepAliveRequest>,
+    ) -> Result<Response<pb::KeepAliveResponse>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let stream = convert::required_id("stream", r.stream)?;
+        self.blocking(move |e| e.keep_alive(&session, stream))
+            .await?;
+        Ok(Response::new(pb::KeepAliveResponse {}))
+    }
+
+    async fn resolve(
+        &self,
+        request: Request<pb::ResolveRequest>,
+    ) -> Result<Response<pb::Resolution>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let cursor = r.last_event_id;
+        let declared = r.declared_stream;
+        let resolution = self
+            .blocking(move |e| e.resolve(&session, &cursor, declared))
+            .await?;
+        self.metrics.record_verdict(resolution.verdict);
+        Ok(Response::new(convert::resolution(&resolution)))
+    }
+
+    type ReadStream = ReadStream;
+
+    async fn read(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let batch_events_max = match r.batch_events_max {
+            0 => READ_BATCH_EVENTS_DEFAULT,
+            n => n,
+        }
+        .min(self.engine.config().read_events_max.max(1));
+        let cursor = r.last_event_id;
+        let declared = r.declared_stream;
+        let resolution = {
+            let session = session.clone();
+            self.blocking(move |e| e.resolve(&session, &cursor, declared))
+                .await?
+        };
+        self.metrics.record_verdict(resolution.verdict);
+        let (tx, rx) = mpsc::channel(READ_CHANNEL_DEPTH);
+        let reader = Reader {
+            engine: self.engine.clone(),
+            metrics: Arc::clone(&self.metrics),
+            shutdown: self.shutdown.clone(),
+            tx,
+            session,
+            batch_events_max,
+            batch_bytes_max: (self.message_bytes_max / 2).min(READ_BATCH_BYTES_TARGET),
+        };
+        tokio::spawn(reader.run(resolution, r.follow));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn get_outcome(
+        &self,
+        request: Request<pb::GetOutcomeRequest>,
+    ) -> Result<Response<pb::GetOutcomeResponse>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let correlation = convert::required_str("correlation", r.correlation)?;
+        let outcome = self
+            .blocking(move |e| e.outcome(&session, &correlation))
+            .await?;
+        Ok(Response::new(convert::outcome(outcome)))
+    }
+
+    async fn trim(
+        &self,
+        request: Request<pb::TrimRequest>,
+    ) -> Result<Response<pb::TrimResponse>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let stream = convert::required_id("stream", r.stream)?;
+        let up_to_seq = convert::required_id("up_to_seq", r.up_to_seq)?;
+        let watermark = self
+            .blocking(move |e| e.trim(&session, stream, up_to_seq))
+            .await?;
+        Ok(Response::new(pb::TrimResponse { watermark }))
+    }
+
+    async fn stats(
+        &self,
+        _request: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
+        let stats = self.blocking(Engine::stats).await?;
+        Ok(Response::new(convert::stats(
+            &stats,
+            self.metrics.active_followers(),
+        )))
+    }
+}
+
+/// The producer side of one Read call: replays, then optionally follows, pushing messages
+/// into a bounded channel. It stops as soon as a send fails (the client has gone), the client
+/// disconnects while it waits, or the server shuts down.
+struct Reader {
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+    tx: mpsc::Sender<Result<pb::ReadResponse, Status>>,
+    session: String,
+    batch_events_max: u32,
+    batch_bytes_max: usize,
+}
+
+/// Resolves once the server starts shutting down (or the shutdown signal is gone).
+async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|down| *down).await;
+}
+
+/// Why a Read producer stopped early.
+enum Stop {
+    /// The client went away; nothing more can be sent.
+    ClientGone,
+}
+
+impl Reader {
+    async fn run(mut self, resolution: engine::Resolution, follow: bool) {
+        let first = pb::read_response::Item::Resolution(convert::resolution(&resolution));
+        if self.send(Ok(first)).await.is_err() {
+            return;
+        }
+        let (Verdict::Resumable, Some(cursor)) = (resolution.verdict, resolution.cursor) else {
+            return;
+        };
+        if let Err(Stop::ClientGone) = self.replay_and_follow(cursor, follow).await {
+            tracing::debug!(stream = cursor.stream, "read: client went away");
+        }
+    }
+
+    async fn replay_and_follow(&mut self, cursor: Cursor, follow: bool) -> Result<(), Stop> {
+        let Cursor {
+            epoch,
+            stream,
+            seq: mut after,
+        } = cursor;
+        // Replay what is stored, in bounded reads, until caught up with the head.
+        loop {
+            let session = self.session.clone();
+            let max = self.batch_events_max;
+            let read = run_blocking(&self.engine, move |e| e.read(&session, stream, after, max));
+            let batch = match read.await {
+                Ok(batch) => batch,
+                Err(status) => return self.send(Err(status)).await,
+            };
+            let caught_up =
+                batch.events.is_empty() || batch.events.last().is_some_and(|e| e.seq >= batch.head);
+            if let Some(last) = batch.events.last() {
+                after = last.seq;
+            }
+            self.send_events(epoch, batch.events).await?;
+            if batch.end_of_stream {
+                return self.send_end(epoch, stream, after).await;
+            }
+            if caught_up {
+                break;
+            }
+        }
+        if !follow {
+            return Ok(());
+        }
+        let _guard = self.metrics.follower();
+        let session = self.session.clone();
+        let follower = run_blocking(&self.engine, move |e| e.follow(&session, stream, after));
+        let mut follower = match follower.await {
+            Ok(f) => f,
+            Err(status) => return self.send(Err(status)).await,
+        };
+        loop {
+            let next = tokio::select! {
+                () = self.tx.closed() => return Err(Stop::ClientGone),
+                () = shutting_down(&mut self.shutdown) => {
+                    // Best effort: a client that is not reading does not delay the shutdown.
+                    let _ = self.tx.try_send(Err(Status::unavailable("server is shutting down")));
+                    return Ok(());
+                }
+                next = follower.next_batch(self.batch_events_max) => next,
+            };
+            match next {
+                Ok(Some(events)) => {
+                    if let Some(last) = events.last() {
+                        after = last.seq;
+                    }
+                    self.send_events(epoch, events).await?;
+                }
+                Ok(None) => return self.send_end(epoch, stream, after).await,
+                Err(err) => return self.send(Err(status::from_engine(&err))).await,
+            }
+        }
+    }
+
+    /// Sends `events` as one or more batches, each below the message size budget.
+    async fn send_events(&self, epoch: u64, events: Vec<engine::Event>) -> Result<(), Stop> {
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0_usize;
+        for event in events {
+            let bytes = convert::event_wire_bytes(&event);
+            if !batch.is_empty() && batch_bytes + bytes > self.batch_bytes_max {
+                let full = std::mem::take(&mut batch);
+                batch_bytes = 0;
+                self.send(Ok(pb::read_response::Item::Events(pb::EventBatch {
+                    events: full,
+                })))
+                .await?;
+            }
+            batch_bytes += bytes;
+            batch.push(convert::event(epoch, event));
+        }
+        if !batch.is_empty() {
+            self.send(Ok(pb::read_response::Item::Events(pb::EventBatch {
+                events: batch,
+            })))
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the `end` message once the stream is terminal, with its state and reason.
+    async fn send_end(&self, epoch: u64, stream: u64, last_seq: u64) -> Result<(), Stop> {
+        // The stream's own state, whatever has happened to the session since.
+        let session = self.session.clone();
+        let read = run_blocking(&self.engine, move |e| e.read(&session, stream, last_seq, 1));
+        let batch = match read.await {
+            Ok(batch) => batch,
+            Err(status) => return self.send(Err(status)).await,
+        };
+        if !batch.state.is_terminal() {
+            return Ok(());
+        }
+        // The reason is a fact of the verdict for the stream's last event.
+        let session = self.session.clone();
+        let cursor = Cursor::new(epoch, stream, batch.head).to_string();
+        let resolved = run_blocking(&self.engine, move |e| e.resolve(&session, &cursor, None));
+        let resolution = match resolved.await {
+            Ok(r) => r,
+            Err(status) => return self.send(Err(status)).await,
+        };
+        let facts = resolution.facts;
+        let reason = match resolution.verdict {
+            Verdict::StreamTerminated => facts.detail,
+            Verdict::EpochMismatch => facts
+                .current_epoch
+                .map(|e| format!("session epoch advanced to {e}")),
+            Verdict::UnknownSession if facts.session_expired => Some("session expired".into()),
+            _ => None,
+        };
+        let end = pb::StreamEnd {
+            state: convert::stream_state(batch.state).into(),
+            terminal_seq: batch.head,
+            terminal_event_id: Cursor::new(epoch, stream, batch.head).to_string(),
+            reason,
+        };
+        self.send(Ok(pb::read_response::Item::End(end))).await
+    }
+
+    async fn send(&self, item: Result<pb::read_response::Item, Status>) -> Result<(), Stop> {
+        let message = item.map(|item| pb::ReadResponse { item: Some(item) });
+        self.tx.send(message).await.map_err(|_| Stop::ClientGone)
+    }
+}

@@ -1,0 +1,203 @@
+//! The one mapping from engine errors to gRPC statuses.
+//!
+//! Every handler funnels engine failures through [`from_engine`], so a client sees the same
+//! code for the same condition on every RPC. Messages name the field or state at fault and
+//! never contain internal file paths; errors that would (I/O, corruption, lock, format) are
+//! logged in full on the server and summarised to the client.
+
+use cursorlog_engine::Error;
+use tonic::{Code, Status};
+
+/// The gRPC status for an engine error.
+///
+/// | engine error | code |
+/// |---|---|
+/// | `InvalidArgument` | `INVALID_ARGUMENT` |
+/// | `TooLarge` | `RESOURCE_EXHAUSTED` |
+/// | `UnknownSession`, `UnknownStream` | `NOT_FOUND` |
+/// | `StreamTerminated`, `StaleEpoch`, `SessionExpired`, `UnsupportedFormat` | `FAILED_PRECONDITION` |
+/// | `SeqConflict` | `ABORTED` |
+/// | `Evicted` | `OUT_OF_RANGE` |
+/// | `Corruption` | `DATA_LOSS` |
+/// | `Poisoned`, `Io`, `Index`, `Closed`, `Locked` | `UNAVAILABLE` |
+pub fn from_engine(err: &Error) -> Status {
+    let (code, message) = code_and_message(err);
+    if matches!(code, Code::DataLoss | Code::Unavailable | Code::Internal)
+        || matches!(err, Error::UnsupportedFormat { .. })
+    {
+        // The full error (with paths) stays in the server log.
+        tracing::error!(error = %err, code = ?code, "request failed");
+    }
+    Status::new(code, message)
+}
+
+fn code_and_message(err: &Error) -> (Code, String) {
+    match err {
+        Error::InvalidArgument { .. } => (Code::InvalidArgument, err.to_string()),
+        Error::TooLarge { .. } => (Code::ResourceExhausted, err.to_string()),
+        Error::UnknownSession => (
+            Code::NotFound,
+            "session not found: it was never opened or is past its metadata horizon".into(),
+        ),
+        Error::UnknownStream(stream) => (
+            Code::NotFound,
+            format!("stream {stream} not found in this session"),
+        ),
+        Error::StreamTerminated { .. } | Error::StaleEpoch { .. } => {
+            (Code::FailedPrecondition, err.to_string())
+        }
+        Error::SessionExpired => (Code::FailedPrecondition, "session is expired".into()),
+        Error::SeqConflict { .. } => (Code::Aborted, err.to_string()),
+        Error::Evicted { .. } => (Code::OutOfRange, err.to_string()),
+        Error::Corruption { offset, kind, .. } => (
+            Code::DataLoss,
+            format!("stored data failed its check at segment offset {offset}: {kind}"),
+        ),
+        Error::Poisoned => (Code::Unavailable, err.to_string()),
+        Error::Io { .. } => (
+            Code::Unavailable,
+            "storage i/o failure; the server log has the details".into(),
+        ),
+        Error::Index(_) => (
+            Code::Unavailable,
+            "index failure; the server log has the details".into(),
+        ),
+        Error::Closed => (Code::Unavailable, "server is shutting down".into()),
+        Error::Locked { .. } => (
+            Code::Unavailable,
+            "data directory is locked by another process".into(),
+        ),
+        Error::UnsupportedFormat { .. } => (
+            Code::FailedPrecondition,
+            "data directory has an unsupported on-disk format; the server log has the details"
+                .into(),
+        ),
+        // `Error` is non-exhaustive: a variant added later is reported, not hidden.
+        _ => (
+            Code::Internal,
+            "internal error; the server log has the details".into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cursorlog_engine::{CorruptionKind, StreamState};
+    use std::path::PathBuf;
+
+    fn secret_path() -> PathBuf {
+        PathBuf::from("/very/secret/data/00000000000000000001.seg")
+    }
+
+    #[test]
+    fn every_error_maps_to_its_code() {
+        let io = std::io::Error::other("disk on fire");
+        let cases: Vec<(Error, Code)> = vec![
+            (
+                Error::InvalidArgument {
+                    field: "session",
+                    reason: "is empty".into(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                Error::TooLarge {
+                    what: "payload bytes",
+                    got: 9,
+                    limit: 8,
+                },
+                Code::ResourceExhausted,
+            ),
+            (Error::UnknownSession, Code::NotFound),
+            (Error::UnknownStream(7), Code::NotFound),
+            (
+                Error::StreamTerminated {
+                    stream: 7,
+                    state: StreamState::Completed,
+                    terminal_seq: 3,
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::StaleEpoch {
+                    given: 1,
+                    current: 2,
+                },
+                Code::FailedPrecondition,
+            ),
+            (Error::SessionExpired, Code::FailedPrecondition),
+            (
+                Error::SeqConflict {
+                    stream: 7,
+                    expected: 9,
+                    head: 3,
+                    reason: "gap",
+                },
+                Code::Aborted,
+            ),
+            (
+                Error::Evicted {
+                    stream: 7,
+                    seq: 1,
+                    watermark: 5,
+                },
+                Code::OutOfRange,
+            ),
+            (
+                Error::Corruption {
+                    segment: secret_path(),
+                    offset: 40,
+                    kind: CorruptionKind::BadMagic,
+                },
+                Code::DataLoss,
+            ),
+            (Error::Poisoned, Code::Unavailable),
+            (
+                Error::Io {
+                    context: format!("writing {}", secret_path().display()),
+                    source: io,
+                },
+                Code::Unavailable,
+            ),
+            (Error::Closed, Code::Unavailable),
+            (Error::Locked { dir: secret_path() }, Code::Unavailable),
+            (
+                Error::UnsupportedFormat {
+                    path: secret_path(),
+                    reason: "version 9".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+        ];
+        for (err, code) in cases {
+            let status = from_engine(&err);
+            assert_eq!(status.code(), code, "{err}");
+            assert!(
+                !status.message().contains("/very/secret"),
+                "{err} leaks a path"
+            );
+            assert!(!status.message().is_empty());
+        }
+    }
+
+    #[test]
+    fn messages_name_the_field_or_state() {
+        let status = from_engine(&Error::InvalidArgument {
+            field: "kind",
+            reason: "too long".into(),
+        });
+        assert!(status.message().contains("kind"), "{}", status.message());
+        let status = from_engine(&Error::StreamTerminated {
+            stream: 42,
+            state: StreamState::Aborted,
+            terminal_seq: 3,
+        });
+        assert!(status.message().contains("42") && status.message().contains("aborted"));
+        let status = from_engine(&Error::StaleEpoch {
+            given: 1,
+            current: 2,
+        });
+        assert!(status.message().contains("epoch"));
+    }
+}

@@ -1,0 +1,458 @@
+//! Helpers for the end-to-end tests: start the real `cursorlog` binary on `127.0.0.1:0` with
+//! a temporary data directory, connect gRPC clients to it, and stop it (SIGTERM or kill).
+//!
+//! The binary is found next to the test executable's directory (`target/<profile>/cursorlog`);
+//! `cargo test --workspace` builds it. Set `CURSORLOG_BIN` to test another build.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "test helpers"
+)]
+
+use std::io::{BufRead, BufReader, Read as _};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use cursorlog_proto::v1 as pb;
+use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
+use tempfile::TempDir;
+use tonic::transport::Channel;
+
+/// How long the binary may take to start listening (debug builds, recovery).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the binary may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `cursorlog` binary under test.
+///
+/// # Panics
+/// When it has not been built.
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("CURSORLOG_BIN") {
+        return PathBuf::from(path);
+    }
+    // Test executables live in target/<profile>/deps/; the binary in target/<profile>/.
+    let exe = std::env::current_exe().expect("current test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile> directory");
+    let path = profile_dir.join(format!("cursorlog{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.is_file(),
+        "{} does not exist: run `cargo build -p cursorlog-server` first (cargo test --workspace \
+         builds it), or set CURSORLOG_BIN",
+        path.display()
+    );
+    // `cargo test -p cursorlog-tests` alone does not rebuild another package's binary; refuse
+    // to test a binary older than the sources it is built from.
+    let built = path
+        .metadata()
+        .and_then(|m| m.modified())
+        .expect("binary mtime");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let sources = [
+        "server/src",
+        "server/Cargo.toml",
+        "engine/src",
+        "engine/Cargo.toml",
+    ];
+    let protos = [
+        "proto/src",
+        "proto/proto",
+        "proto/build.rs",
+        "proto/Cargo.toml",
+    ];
+    for source in sources.iter().chain(&protos) {
+        if let Some(newer) = newer_than(&workspace.join(source), built) {
+            panic!(
+                "{} is older than {}: run `cargo build -p cursorlog-server` (or test with \
+                 `cargo test --workspace`)",
+                path.display(),
+                newer.display()
+            );
+        }
+    }
+    path
+}
+
+/// A file at or under `path` modified after `time`, if any.
+fn newer_than(path: &Path, time: std::time::SystemTime) -> Option<PathBuf> {
+    if path.is_file() {
+        let modified = path.metadata().and_then(|m| m.modified()).ok()?;
+        return (modified > time).then(|| path.to_path_buf());
+    }
+    let entries = std::fs::read_dir(path).ok()?;
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if let Some(found) = newer_than(&entry.path(), time) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// A running `cursorlog serve` child process. Killed when dropped.
+#[derive(Debug)]
+pub struct Server {
+    child: Child,
+    /// The gRPC address it listens on.
+    pub addr: SocketAddr,
+    /// The metrics address, when started with `--metrics-listen`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    stdout_lines: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+    _temp: Option<TempDir>,
+}
+
+impl Server {
+    /// Starts a server on a fresh temporary data directory.
+    pub fn start(extra_args: &[&str]) -> Self {
+        let temp = tempfile::tempdir().unwrap();
+        let mut server = Self::start_in(temp.path(), extra_args);
+        server._temp = Some(temp);
+        server
+    }
+
+    /// Starts a server on `data_dir` (kept after the server stops).
+    pub fn start_in(data_dir: &Path, extra_args: &[&str]) -> Self {
+        let mut child = Command::new(binary())
+            .arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra_args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cursorlog");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut buf = [0_u8; 4096];
+            while let Ok(n) = err_pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let stdout_lines = Arc::new(Mutex::new(Vec::new()));
+        let lines = Arc::clone(&stdout_lines);
+        let out_pipe = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out_pipe).lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut metrics_addr = None;
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(a) = line.strip_prefix("metrics listening on ") {
+                        metrics_addr = Some(a.parse().unwrap());
+                    } else if let Some(a) = line.strip_prefix("listening on ") {
+                        break a.parse::<SocketAddr>().unwrap();
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let status = child.wait();
+                    std::thread::sleep(Duration::from_millis(100));
+                    panic!(
+                        "cursorlog did not print `listening on` (exit: {status:?}); stderr:\n{}",
+                        stderr.lock().unwrap()
+                    );
+                }
+            }
+        };
+        Self {
+            child,
+            addr,
+            metrics_addr,
+            data_dir: data_dir.to_path_buf(),
+            stdout_lines,
+            stderr,
+            _temp: None,
+        }
+    }
+
+    /// A new gRPC client connection (one per simulated front-end replica).
+    pub async fn client(&self) -> CursorLogClient<Channel> {
+        CursorLogClient::new(self.channel().await)
+    }
+
+    /// A new connection to the server.
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect to cursorlog")
+    }
+
+    /// Everything the server logged to stderr so far.
+    pub fn logs(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits (up to 10 s) until the server's stderr contains `needle`; false if it never does.
+    /// Stderr is read by another thread, so a line logged just before the `listening on` line
+    /// on stdout may arrive a little later.
+    pub fn wait_for_log(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.logs().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// Every line printed to stdout so far.
+    pub fn stdout(&self) -> Vec<String> {
+        self.stdout_lines.lock().unwrap().clone()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    ///
+    /// # Panics
+    /// When it does not exit within 30 s.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        self.wait_exit()
+    }
+
+    /// Waits for the process to exit on its own.
+    ///
+    /// # Panics
+    /// When it does not exit within 30 s.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cursorlog did not exit within {STOP_TIMEOUT:?}; stderr:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs the binary with `args` to completion (for `verify`, `inspect`): status, stdout, stderr.
+pub fn run_tool(args: &[&str]) -> (ExitStatus, String, String) {
+    let out = Command::new(binary())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An event to append.
+pub fn event(kind: &str, payload: &[u8]) -> pb::NewEvent {
+    pb::NewEvent {
+        kind: kind.to_owned(),
+        correlation: None,
+        payload: payload.to_vec(),
+    }
+}
+
+/// Opens `session` and a stream in it; returns (epoch, stream).
+pub async fn open_stream(
+    client: &mut CursorLogClient<Channel>,
+    session: &str,
+    correlation: Option<&str>,
+    lease_ms: Option<u64>,
+) -> (u64, u64) {
+    let epoch = client
+        .open_session(pb::OpenSessionRequest {
+            session: session.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .epoch;
+    let opened = client
+        .open_stream(pb::OpenStreamRequest {
+            session: session.to_owned(),
+            epoch,
+            correlation: correlation.map(str::to_owned),
+            lease_ms,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (opened.epoch, opened.stream)
+}
+
+/// Appends one event per payload, as one batch; returns the response.
+pub async fn append(
+    client: &mut CursorLogClient<Channel>,
+    session: &str,
+    stream: u64,
+    kind: &str,
+    payloads: &[&[u8]],
+) -> pb::AppendResponse {
+    client
+        .append(pb::AppendRequest {
+            session: session.to_owned(),
+            stream,
+            expected_next_seq: None,
+            events: payloads.iter().map(|p| event(kind, p)).collect(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Resolves `cursor` in `session`.
+pub async fn resolve(
+    client: &mut CursorLogClient<Channel>,
+    session: &str,
+    cursor: &str,
+    declared_stream: Option<u64>,
+) -> pb::Resolution {
+    client
+        .resolve(pb::ResolveRequest {
+            session: session.to_owned(),
+            last_event_id: cursor.to_owned(),
+            declared_stream,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// What a whole Read call delivered.
+#[derive(Debug, Default)]
+pub struct ReadAll {
+    /// The first message.
+    pub resolution: Option<pb::Resolution>,
+    /// Every event, in delivery order.
+    pub events: Vec<pb::Event>,
+    /// Number of event batch messages.
+    pub batches: usize,
+    /// The final `end` message, if any.
+    pub end: Option<pb::StreamEnd>,
+    /// The error the call ended with, if any.
+    pub error: Option<tonic::Status>,
+}
+
+/// Collects a Read call to its end (with a timeout).
+pub async fn read_all(
+    client: &mut CursorLogClient<Channel>,
+    request: pb::ReadRequest,
+    timeout: Duration,
+) -> ReadAll {
+    let mut stream = client.read(request).await.unwrap().into_inner();
+    let mut all = ReadAll::default();
+    let collect = async {
+        loop {
+            match stream.message().await {
+                Ok(Some(msg)) => absorb(&mut all, msg),
+                Ok(None) => break,
+                Err(status) => {
+                    all.error = Some(status);
+                    break;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(timeout, collect)
+        .await
+        .expect("read call did not end in time");
+    all
+}
+
+/// Adds one Read message to `all`, checking the protocol's ordering rules.
+pub fn absorb(all: &mut ReadAll, msg: pb::ReadResponse) {
+    use pb::read_response::Item;
+    assert!(all.end.is_none(), "message after the end message: {msg:?}");
+    match msg.item.expect("read message without item") {
+        Item::Resolution(r) => {
+            assert!(all.resolution.is_none(), "second resolution");
+            all.resolution = Some(r);
+        }
+        Item::Events(batch) => {
+            assert!(all.resolution.is_some(), "events before the resolution");
+            assert!(!batch.events.is_empty(), "empty event batch");
+            all.batches += 1;
+            all.events.extend(batch.events);
+        }
+        Item::End(end) => {
+            assert!(all.resolution.is_some(), "end before the resolution");
+            all.end = Some(end);
+        }
+    }
+}
+
+/// A Read request.
+pub fn read_request(session: &str, cursor: &str, follow: bool) -> pb::ReadRequest {
+    pb::ReadRequest {
+        session: session.to_owned(),
+        last_event_id: cursor.to_owned(),
+        declared_stream: None,
+        follow,
+        batch_events_max: 0,
+    }
+}
+
+/// Asserts `events` are exactly seqs `from..=to` of one stream, in order.
+pub fn assert_contiguous(events: &[pb::Event], from: u64, to: u64) {
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    let expected: Vec<u64> = (from..=to).collect();
+    assert_eq!(
+        seqs, expected,
+        "events are not exactly seqs {from}..={to} in order"
+    );
+}
