@@ -242,6 +242,12 @@ impl Server {
         self.child.id()
     }
 
+    /// `SIGKILL`s the process (no shutdown path runs) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits for the process to exit.
     ///
     /// # Panics
