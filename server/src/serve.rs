@@ -204,6 +204,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .register_encoded_file_descriptor_set(cursorlog_proto::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| format!("reflection service: {e}"))?;
+    // grpcurl before 1.9 and many other tools only speak the v1alpha reflection protocol.
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(cursorlog_proto::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| format!("reflection service (v1alpha): {e}"))?;
 
     let mut builder = Server::builder();
     if let Some(tls) = tls {
@@ -216,6 +221,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let server = builder
         .add_service(health)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(cursorlog)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop_accepting.wait_for(|down| *down).await;
