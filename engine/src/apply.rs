@@ -7,8 +7,8 @@
 
 use crate::error::Result;
 use crate::index::{
-    event_key, open_stream_key, origin_key, outcome_key, KvRead, StoredSession, StoredStream, Txn,
-    ORIGIN_SESSION, ORIGIN_STREAM,
+    event_key, open_stream_key, origin_key, outcome_key, session_key, stream_key,
+    terminal_frame_key, KvRead, StoredSession, StoredStream, Txn, ORIGIN_SESSION, ORIGIN_STREAM,
 };
 use crate::log::Position;
 use crate::record::{Record, StreamSnapshot};
@@ -91,6 +91,27 @@ pub(crate) fn apply(txn: &mut Txn<'_>, lsn: u64, pos: Position, record: &Record)
                     txn.put_stream(&s);
                 }
             }
+        }
+        Record::StreamForgotten { stream, .. } => {
+            if let Some(s) = txn.stored_stream(*stream)? {
+                let m = s.meta;
+                txn.remove_raw(open_stream_key(&m.session, m.id));
+                if let Some(c) = &m.correlation {
+                    if txn.outcome_stream(&m.session, c)? == Some(m.id) {
+                        txn.remove_raw(outcome_key(&m.session, c));
+                    }
+                }
+                txn.remove_raw(origin_key(s.origin_lsn, ORIGIN_STREAM, &m.id.to_be_bytes()));
+            }
+            txn.remove_raw(stream_key(*stream).to_vec());
+            txn.remove_raw(terminal_frame_key(*stream).to_vec());
+            remove_positions(txn, *stream, 0, u64::MAX)?;
+        }
+        Record::SessionForgotten { session, .. } => {
+            if let Some(s) = txn.stored_session(session)? {
+                txn.remove_raw(origin_key(s.origin_lsn, ORIGIN_SESSION, session.as_bytes()));
+            }
+            txn.remove_raw(session_key(session));
         }
         Record::Trim {
             stream, watermark, ..

@@ -530,8 +530,8 @@ impl Engine {
         let s = &self.inner.shared;
         let c = &s.counters;
         Ok(Stats {
-            sessions: s.index.count(prefix::SESSION),
-            streams: s.index.count(prefix::STREAM),
+            sessions: s.index.count(prefix::SESSION)?,
+            streams: s.index.count(prefix::STREAM)?,
             segments: s.segments.count() as u64,
             log_bytes: s.segments.total_bytes(),
             last_lsn: c.last_lsn.load(Ordering::Acquire),

@@ -4,8 +4,11 @@
 //! writer fills while planning a group commit and applies atomically (with the applied LSN)
 //! after the log write is durable, so sled never needs an fsync of its own per append.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 use std::path::Path;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use bincode::{Decode, Encode};
 
@@ -179,11 +182,45 @@ pub(crate) trait KvRead {
     }
 }
 
-/// The sled-backed index.
+/// Most entries the memtable holds before the writer moves it into sled.
+pub(crate) const MEMTABLE_ENTRIES_MAX: usize = 64 * 1024;
+
+/// Pending writes over an ordered key space; `None` is a deletion.
+type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// Committed index changes not yet in sled. Readers see `active` over `flushing` over sled.
+#[derive(Debug, Default)]
+struct Memtable {
+    active: Overlay,
+    /// The LSN of the last record in `active`.
+    active_lsn: u64,
+    /// A memtable being written into sled right now (readable until it is there).
+    flushing: Option<Arc<Overlay>>,
+}
+
+/// The derived index: sled, fronted by an in-memory memtable of committed changes.
+///
+/// # Invariants
+/// Everything in the memtable is durable in the log. sled's `applied_lsn` only ever names
+/// an LSN whose changes are all in sled, so a crash loses at most the memtable, which
+/// recovery replays from the log.
 #[derive(Debug, Clone)]
 pub(crate) struct Index {
     db: sled::Db,
     tree: sled::Tree,
+    mem: Arc<RwLock<Memtable>>,
+}
+
+/// The smallest key greater than every key starting with `prefix` (`None`: no bound).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
 
 impl Index {
@@ -194,10 +231,22 @@ impl Index {
             .flush_every_ms(Some(1000))
             .open()?;
         let tree = db.open_tree("cursorlog")?;
-        Ok(Self { db, tree })
+        Ok(Self {
+            db,
+            tree,
+            mem: Arc::default(),
+        })
     }
 
-    /// The LSN of the last record applied, 0 when empty.
+    fn mem(&self) -> std::sync::RwLockReadGuard<'_, Memtable> {
+        self.mem.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mem_mut(&self) -> std::sync::RwLockWriteGuard<'_, Memtable> {
+        self.mem.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The LSN of the last record applied to sled, 0 when empty.
     pub(crate) fn applied_lsn(&self) -> Result<u64> {
         Ok(self
             .tree
@@ -216,31 +265,141 @@ impl Index {
 
     /// Drops everything (before a rebuild from the log).
     pub(crate) fn clear(&self) -> Result<()> {
+        *self.mem_mut() = Memtable::default();
         self.tree.clear()?;
         self.tree
             .insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes())?;
         Ok(())
     }
 
-    /// Applies an overlay atomically, recording `applied_lsn`.
+    /// Publishes a group commit's changes (readers see them at once); moves the memtable
+    /// into sled when it is full.
     pub(crate) fn commit(&self, txn: Txn<'_>, applied_lsn: u64) -> Result<()> {
-        let mut batch = sled::Batch::default();
-        for (k, v) in txn.writes {
-            match v {
-                Some(v) => batch.insert(k, v),
-                None => batch.remove(k),
-            }
+        let writes = txn.into_writes();
+        let full = {
+            let mut mem = self.mem_mut();
+            mem.active.extend(writes);
+            mem.active_lsn = applied_lsn;
+            mem.active.len() >= MEMTABLE_ENTRIES_MAX
+        };
+        if full {
+            self.flush_memtable()?;
         }
-        batch.insert(APPLIED_LSN, &applied_lsn.to_le_bytes());
-        batch.insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes());
-        self.tree.apply_batch(batch)?;
         Ok(())
     }
 
-    /// Makes everything applied so far durable in sled.
+    /// Entries waiting in the memtable.
+    pub(crate) fn memtable_len(&self) -> usize {
+        self.mem().active.len()
+    }
+
+    /// Writes the memtable into sled as one atomic batch with its applied LSN. Readers keep
+    /// seeing it until sled has it. Only the writer (or recovery) calls this.
+    pub(crate) fn flush_memtable(&self) -> Result<()> {
+        let (frozen, lsn) = {
+            let mut mem = self.mem_mut();
+            if mem.active.is_empty() {
+                return Ok(());
+            }
+            let frozen = Arc::new(std::mem::take(&mut mem.active));
+            mem.flushing = Some(Arc::clone(&frozen));
+            (frozen, mem.active_lsn)
+        };
+        let mut batch = sled::Batch::default();
+        for (k, v) in frozen.iter() {
+            match v {
+                Some(v) => batch.insert(k.as_slice(), v.as_slice()),
+                None => batch.remove(k.as_slice()),
+            }
+        }
+        batch.insert(APPLIED_LSN, &lsn.to_le_bytes());
+        batch.insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes());
+        let applied = self.tree.apply_batch(batch);
+        let mut mem = self.mem_mut();
+        match applied {
+            Ok(()) => {
+                mem.flushing = None;
+                Ok(())
+            }
+            Err(e) => {
+                // Keep the changes readable; the caller poisons the engine.
+                let mut restored = (*frozen).clone();
+                restored.extend(std::mem::take(&mut mem.active));
+                mem.active = restored;
+                mem.flushing = None;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Moves the memtable into sled and makes sled durable.
     pub(crate) fn flush(&self) -> Result<()> {
+        self.flush_memtable()?;
         self.db.flush()?;
         Ok(())
+    }
+
+    /// The memtable's entries in `start..end` (active over flushing).
+    fn overlay_range(&self, start: &[u8], end: Option<&[u8]>) -> Overlay {
+        let mem = self.mem();
+        let mut out = Overlay::new();
+        let layers = mem
+            .flushing
+            .as_deref()
+            .into_iter()
+            .chain(std::iter::once(&mem.active));
+        for layer in layers {
+            let range = match end {
+                Some(end) => layer.range::<[u8], _>((Bound::Included(start), Bound::Excluded(end))),
+                None => layer.range::<[u8], _>((Bound::Included(start), Bound::Unbounded)),
+            };
+            for (k, v) in range {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+        out
+    }
+
+    /// Live entries in `start..end` in key order, at most `limit`: sled merged with the
+    /// memtable.
+    fn range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let overlay = self.overlay_range(start, end);
+        let mut stored = match end {
+            Some(end) => self.tree.range(start..end),
+            None => self.tree.range(start..),
+        };
+        let mut overlay = overlay.into_iter().peekable();
+        let mut next_stored = stored.next().transpose()?;
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let take_overlay = match (&next_stored, overlay.peek()) {
+                (None, None) => break,
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (Some((sk, _)), Some((ok, _))) => ok.as_slice() <= sk.as_ref(),
+            };
+            if take_overlay {
+                let Some((k, v)) = overlay.next() else { break };
+                if next_stored
+                    .as_ref()
+                    .is_some_and(|(sk, _)| sk.as_ref() == k.as_slice())
+                {
+                    next_stored = stored.next().transpose()?;
+                }
+                if let Some(v) = v {
+                    out.push((k, v));
+                }
+            } else if let Some((k, v)) = next_stored.take() {
+                out.push((k.to_vec(), v.to_vec()));
+                next_stored = stored.next().transpose()?;
+            }
+        }
+        Ok(out)
     }
 
     /// Events of `stream` from `from_seq` on, ascending, at most `max`.
@@ -251,10 +410,9 @@ impl Index {
         max: usize,
     ) -> Result<Vec<(u64, Position)>> {
         let start = event_key(stream, from_seq);
-        let end = event_key(stream, u64::MAX);
+        let end = prefix_end(&event_key(stream, 0)[..9]);
         let mut out = Vec::with_capacity(max.min(1024));
-        for kv in self.tree.range(start..=end).take(max) {
-            let (k, v) = kv?;
+        for (k, v) in self.range(&start, end.as_deref(), max)? {
             let seq = k
                 .get(9..17)
                 .and_then(|b| b.try_into().ok())
@@ -283,8 +441,8 @@ impl Index {
     }
 
     /// Counts keys with a prefix.
-    pub(crate) fn count(&self, p: u8) -> u64 {
-        self.tree.scan_prefix([p]).count() as u64
+    pub(crate) fn count(&self, p: u8) -> Result<u64> {
+        Ok(self.raw_scan(&[p])?.len() as u64)
     }
 
     /// Origin markers below `lsn`: state that must be carried forward (or dropped) before
@@ -292,43 +450,47 @@ impl Index {
     pub(crate) fn origins_below(&self, lsn: u64) -> Result<Vec<Vec<u8>>> {
         let start = origin_key(0, 0, &[]);
         let end = origin_key(lsn, 0, &[]);
-        self.tree
-            .range(start..end)
-            .map(|kv| Ok(kv?.0.to_vec()))
-            .collect()
+        Ok(self
+            .range(&start, Some(&end), usize::MAX)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
     }
 
     /// Every key and value except the applied-LSN marker (tests compare rebuilt indexes).
-    #[doc(hidden)]
     pub(crate) fn dump(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut out = Vec::new();
-        for kv in &self.tree {
-            let (k, v) = kv?;
-            if k.as_ref() != APPLIED_LSN {
-                out.push((k.to_vec(), v.to_vec()));
-            }
-        }
-        Ok(out)
+        Ok(self
+            .range(&[], None, usize::MAX)?
+            .into_iter()
+            .filter(|(k, _)| k.as_slice() != APPLIED_LSN)
+            .collect())
     }
 }
 
 impl KvRead for Index {
     fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        {
+            let mem = self.mem();
+            if let Some(v) = mem.active.get(key) {
+                return Ok(v.clone());
+            }
+            if let Some(v) = mem.flushing.as_ref().and_then(|f| f.get(key)) {
+                return Ok(v.clone());
+            }
+        }
         Ok(self.tree.get(key)?.map(|v| v.to_vec()))
     }
 
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.tree
-            .scan_prefix(prefix)
-            .map(|kv| Ok(kv.map(|(k, v)| (k.to_vec(), v.to_vec()))?))
-            .collect()
+        self.range(prefix, prefix_end(prefix).as_deref(), usize::MAX)
     }
 
     fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.tree
-            .range(start..end)
-            .map(|kv| Ok(kv?.0.to_vec()))
-            .collect()
+        Ok(self
+            .range(start, Some(end), usize::MAX)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
     }
 }
 
@@ -343,26 +505,49 @@ impl StateView for Index {
 }
 
 /// Pending index writes over a read view of the index.
+///
+/// Streams are kept decoded while a group commit is planned (an append touches its stream
+/// once per event) and encoded once, when the writes are taken.
 #[derive(Debug)]
 pub(crate) struct Txn<'a> {
     base: &'a Index,
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: Overlay,
+    streams: RefCell<HashMap<u64, Option<StoredStream>>>,
+    dirty_streams: BTreeSet<u64>,
 }
 
 impl<'a> Txn<'a> {
     pub(crate) fn new(base: &'a Index) -> Self {
         Self {
             base,
-            writes: BTreeMap::new(),
+            writes: Overlay::new(),
+            streams: RefCell::default(),
+            dirty_streams: BTreeSet::new(),
         }
     }
 
     pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.forget_cached(&key);
         self.writes.insert(key, Some(value));
     }
 
     pub(crate) fn remove_raw(&mut self, key: Vec<u8>) {
+        self.forget_cached(&key);
         self.writes.insert(key, None);
+    }
+
+    /// A raw write to a stream key replaces any decoded copy.
+    fn forget_cached(&mut self, key: &[u8]) {
+        if key.first() == Some(&prefix::STREAM) {
+            if let Some(id) = key
+                .get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            {
+                self.streams.get_mut().remove(&id);
+                self.dirty_streams.remove(&id);
+            }
+        }
     }
 
     pub(crate) fn put_session(&mut self, s: &StoredSession) {
@@ -370,7 +555,8 @@ impl<'a> Txn<'a> {
     }
 
     pub(crate) fn put_stream(&mut self, s: &StoredStream) {
-        self.put_raw(stream_key(s.meta.id).to_vec(), encode_value(s));
+        self.streams.get_mut().insert(s.meta.id, Some(s.clone()));
+        self.dirty_streams.insert(s.meta.id);
     }
 
     pub(crate) fn put_terminal_frame(&mut self, e: &EventBody) {
@@ -378,21 +564,59 @@ impl<'a> Txn<'a> {
     }
 
     pub(crate) fn put_position(&mut self, stream: u64, seq: u64, pos: Position) {
-        self.put_raw(event_key(stream, seq).to_vec(), pos.encode().to_vec());
+        self.writes
+            .insert(event_key(stream, seq).to_vec(), Some(pos.encode().to_vec()));
     }
 
     /// True when nothing is pending.
     pub(crate) fn is_empty(&self) -> bool {
-        self.writes.is_empty()
+        self.writes.is_empty() && self.dirty_streams.is_empty()
+    }
+
+    /// The pending writes, with changed streams encoded.
+    fn into_writes(mut self) -> Overlay {
+        let streams = self.streams.into_inner();
+        for id in std::mem::take(&mut self.dirty_streams) {
+            if let Some(Some(s)) = streams.get(&id) {
+                self.writes
+                    .insert(stream_key(id).to_vec(), Some(encode_value(s)));
+            }
+        }
+        self.writes
     }
 }
 
 impl KvRead for Txn<'_> {
     fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if key.first() == Some(&prefix::STREAM) {
+            if let Some(id) = key
+                .get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            {
+                if let Some(cached) = self.streams.borrow().get(&id) {
+                    return Ok(cached.as_ref().map(encode_value));
+                }
+            }
+        }
         match self.writes.get(key) {
             Some(v) => Ok(v.clone()),
             None => self.base.raw_get(key),
         }
+    }
+
+    fn stored_stream(&self, id: u64) -> Result<Option<StoredStream>> {
+        if let Some(cached) = self.streams.borrow().get(&id) {
+            return Ok(cached.clone());
+        }
+        let k = stream_key(id);
+        let found = match self.writes.get(k.as_slice()) {
+            Some(v) => v.clone(),
+            None => self.base.raw_get(&k)?,
+        };
+        let decoded: Option<StoredStream> = found.map(|v| decode_value(&k, &v)).transpose()?;
+        self.streams.borrow_mut().insert(id, decoded.clone());
+        Ok(decoded)
     }
 
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

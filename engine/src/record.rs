@@ -21,6 +21,8 @@ pub(crate) mod tag {
     pub const TRIM: u8 = 7;
     pub const SESSION_SNAPSHOT: u8 = 8;
     pub const STREAM_SNAPSHOT: u8 = 9;
+    pub const STREAM_FORGOTTEN: u8 = 10;
+    pub const SESSION_FORGOTTEN: u8 = 11;
 }
 
 /// An event's stored fields (also the terminal frame inside [`Terminal`]).
@@ -76,6 +78,17 @@ pub(crate) enum Record {
     SessionSnapshot(SessionMeta),
     /// Carries a stream's state (and terminal frame) forward likewise.
     StreamSnapshot(StreamSnapshot),
+    /// A terminated stream past the metadata horizon is forgotten: every index entry of it
+    /// goes, and cursors into it become `UNKNOWN_CURSOR`.
+    StreamForgotten {
+        stream: u64,
+        at_ms: u64,
+    },
+    /// An expired session past the metadata horizon is forgotten.
+    SessionForgotten {
+        session: String,
+        at_ms: u64,
+    },
 }
 
 /// A stream was opened.
@@ -129,6 +142,8 @@ impl Record {
             Self::Trim { .. } => tag::TRIM,
             Self::SessionSnapshot(_) => tag::SESSION_SNAPSHOT,
             Self::StreamSnapshot(_) => tag::STREAM_SNAPSHOT,
+            Self::StreamForgotten { .. } => tag::STREAM_FORGOTTEN,
+            Self::SessionForgotten { .. } => tag::SESSION_FORGOTTEN,
         }
     }
 
@@ -175,6 +190,21 @@ impl Record {
             ),
             Self::SessionSnapshot(b) => codec::encode_into(b, out),
             Self::StreamSnapshot(b) => codec::encode_into(b, out),
+            Self::StreamForgotten { stream, at_ms } => codec::encode_into(
+                &TrimBody {
+                    stream: *stream,
+                    watermark: 0,
+                    at_ms: *at_ms,
+                },
+                out,
+            ),
+            Self::SessionForgotten { session, at_ms } => codec::encode_into(
+                &SessionAt {
+                    session: session.clone(),
+                    at_ms: *at_ms,
+                },
+                out,
+            ),
         }
     }
 
@@ -218,6 +248,20 @@ impl Record {
             }
             tag::SESSION_SNAPSHOT => Self::SessionSnapshot(codec::decode(body)?),
             tag::STREAM_SNAPSHOT => Self::StreamSnapshot(codec::decode(body)?),
+            tag::STREAM_FORGOTTEN => {
+                let b: TrimBody = codec::decode(body)?;
+                Self::StreamForgotten {
+                    stream: b.stream,
+                    at_ms: b.at_ms,
+                }
+            }
+            tag::SESSION_FORGOTTEN => {
+                let b: SessionAt = codec::decode(body)?;
+                Self::SessionForgotten {
+                    session: b.session,
+                    at_ms: b.at_ms,
+                }
+            }
             other => return Err(format!("unknown record type {other}")),
         })
     }

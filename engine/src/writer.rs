@@ -97,12 +97,16 @@ pub(crate) struct Shared {
     pub commits: tokio::sync::watch::Sender<u64>,
 }
 
+/// How often committed index changes are moved from the memtable into sled.
+const INDEX_FLUSH_EVERY: Duration = Duration::from_millis(250);
+
 /// The writer thread's own state.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
     active: Arc<Segment>,
     next_lsn: u64,
     last_sync: Instant,
+    last_index_flush: Instant,
     unsynced: bool,
 }
 
@@ -118,6 +122,7 @@ impl Writer {
             active,
             next_lsn,
             last_sync: Instant::now(),
+            last_index_flush: Instant::now(),
             unsynced: false,
         }
     }
@@ -125,14 +130,15 @@ impl Writer {
     /// Runs until every sender is gone, then syncs.
     pub(crate) fn run(mut self, rx: &Receiver<Request>) {
         let tick = match self.shared.config.sync {
-            SyncPolicy::Interval(ms) => Duration::from_millis(ms.max(1)),
-            _ => Duration::from_secs(3600),
+            SyncPolicy::Interval(ms) => Duration::from_millis(ms.max(1)).min(INDEX_FLUSH_EVERY),
+            _ => INDEX_FLUSH_EVERY,
         };
         loop {
             let first = match rx.recv_timeout(tick) {
                 Ok(r) => r,
                 Err(RecvTimeoutError::Timeout) => {
-                    self.sync_if_due(true);
+                    self.sync_if_due(false);
+                    self.flush_index_if_due();
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -153,6 +159,22 @@ impl Writer {
                 .and_then(|()| self.shared.index.flush())
             {
                 tracing::error!(error = %e, "final sync on close failed");
+            }
+        }
+    }
+
+    /// Moves the index memtable into sled every [`INDEX_FLUSH_EVERY`], bounding what a
+    /// restart must replay from the log.
+    fn flush_index_if_due(&mut self) {
+        if self.shared.poisoned.load(Ordering::Acquire)
+            || self.last_index_flush.elapsed() < INDEX_FLUSH_EVERY
+        {
+            return;
+        }
+        self.last_index_flush = Instant::now();
+        if self.shared.index.memtable_len() > 0 {
+            if let Err(e) = self.shared.index.flush_memtable() {
+                self.poison(&e);
             }
         }
     }
@@ -302,6 +324,7 @@ impl Writer {
         for (tx, reply) in acks {
             let _ = tx.send(Ok(reply));
         }
+        self.flush_index_if_due();
     }
 
     fn write_and_sync(&mut self, buf: &[u8], force: bool) -> Result<()> {

@@ -6,13 +6,9 @@ use super::{duration_ms, now_ms, Command, Reply, Writer};
 use crate::api::{
     Append, Appended, EpochAdvanced, NewEvent, SessionExpired, SessionInfo, StreamInfo, Terminated,
 };
-use crate::apply::remove_positions;
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
-use crate::index::{
-    open_stream_key, outcome_key, parse_origin_key, terminal_frame_key, KvRead, Txn,
-    ORIGIN_SESSION, ORIGIN_STREAM,
-};
+use crate::index::{parse_origin_key, KvRead, Txn, ORIGIN_SESSION, ORIGIN_STREAM};
 use crate::record::{EventBody, Record, StreamOpened, StreamSnapshot, Terminal};
 use crate::state::{StreamMeta, StreamState};
 use crate::verdict::past_horizon;
@@ -319,8 +315,8 @@ impl Writer {
         }))
     }
 
-    /// Snapshot records for state born below `below_lsn` that is still remembered; state past
-    /// the metadata horizon is forgotten instead.
+    /// Snapshot records for state born below `below_lsn` that is still remembered, and
+    /// forget records for state past the metadata horizon.
     fn carry_forward(&self, txn: &mut Txn<'_>, below_lsn: u64, now: u64) -> Result<Vec<Record>> {
         let horizon = duration_ms(self.shared.config.retention.metadata_horizon);
         let mut records = Vec::new();
@@ -337,8 +333,10 @@ impl Writer {
                         continue;
                     };
                     if past_horizon(s.meta.expired_at_ms, now, horizon) {
-                        txn.remove_raw(crate::index::session_key(id));
-                        txn.remove_raw(key);
+                        records.push(Record::SessionForgotten {
+                            session: id.to_owned(),
+                            at_ms: now,
+                        });
                     } else {
                         records.push(Record::SessionSnapshot(s.meta));
                     }
@@ -352,16 +350,12 @@ impl Writer {
                     };
                     let m = s.meta;
                     if past_horizon(m.ended_at_ms, now, horizon) {
-                        txn.remove_raw(crate::index::stream_key(id).to_vec());
-                        txn.remove_raw(terminal_frame_key(id).to_vec());
-                        txn.remove_raw(open_stream_key(&m.session, id));
-                        if let Some(c) = &m.correlation {
-                            if txn.outcome_stream(&m.session, c)? == Some(id) {
-                                txn.remove_raw(outcome_key(&m.session, c));
-                            }
-                        }
-                        remove_positions(txn, id, 0, u64::MAX)?;
-                        txn.remove_raw(key);
+                        // Forgetting is a record too: a rebuild from the log must forget it
+                        // as well, whatever of the stream is left in retained segments.
+                        records.push(Record::StreamForgotten {
+                            stream: id,
+                            at_ms: now,
+                        });
                     } else {
                         let terminal_frame = txn.terminal_frame(id)?;
                         records.push(Record::StreamSnapshot(StreamSnapshot {
