@@ -70,10 +70,7 @@ pub(crate) fn apply(txn: &mut Txn<'_>, lsn: u64, pos: Position, record: &Record)
         Record::StreamSnapshot(snap) => put_stream(txn, snap.clone(), lsn)?,
         Record::Event(e) => {
             txn.put_position(e.stream, e.seq, pos);
-            if let Some(mut s) = txn.stored_stream(e.stream)? {
-                s.meta.head = s.meta.head.max(e.seq);
-                txn.put_stream(&s);
-            }
+            txn.update_stream(e.stream, |s| s.meta.head = s.meta.head.max(e.seq))?;
         }
         Record::Terminal(t) => {
             if let Some(frame) = &t.frame {

@@ -1,17 +1,16 @@
 //! The `Engine` handle: opens the directory, runs the writer, answers reads and verdicts.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use crate::api::{
     Append, Appended, EpochAdvanced, NewEvent, OpenStream, SessionExpired, SessionInfo, Stats,
     StreamInfo, Terminated,
 };
+use crate::background::{run_retention, spawn_index_flusher, spawn_maintenance, Leases};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
@@ -19,12 +18,10 @@ use crate::fs::{FileSystem, StdFs};
 use crate::index::prefix;
 use crate::recovery::{recover, RecoveryReport};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
-use crate::writer::{Command, Counters, Reply, Request, Shared, Writer};
+use crate::writer::{submit, Command, Counters, Reply, Request, Shared, Writer};
 
 /// Depth of the writer's request queue; appenders block beyond it (back-pressure).
 const WRITER_QUEUE_DEPTH: usize = 16 * 1024;
-/// How often producer leases are checked.
-const LEASE_TICK: Duration = Duration::from_millis(50);
 
 /// A handle to an open data directory. Cheap to clone; every clone talks to one writer.
 ///
@@ -40,26 +37,50 @@ pub struct Engine {
 pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
     tx: Mutex<Option<SyncSender<Request>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    background: Mutex<Vec<JoinHandle<()>>>,
+    shutdown: Arc<AtomicBool>,
     report: RecoveryReport,
-    leases: Mutex<HashMap<u64, (Duration, Instant)>>,
+    leases: Arc<Leases>,
     _lock: std::fs::File,
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
+impl Inner {
+    /// Stops the background threads, then the writer (which drains its queue and syncs), and
+    /// joins them all. Idempotent.
+    fn stop_threads(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        let me = std::thread::current().id();
+        let background: Vec<_> = self
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        for t in background {
+            t.thread().unpark();
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
         self.tx
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        for t in self
-            .threads
+        if let Some(w) = self
+            .writer
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
+            .take()
         {
-            let _ = t.join();
+            let _ = w.join();
         }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop_threads();
     }
 }
 
@@ -123,102 +144,36 @@ impl Engine {
             .name("cursorlog-writer".into())
             .spawn(move || writer.run(&rx))
             .map_err(Error::io("starting the writer thread"))?;
-        let mut leases = HashMap::new();
-        let now = Instant::now();
+        let leases = Arc::new(Leases::default());
         for s in shared.index.streams()? {
             if let (StreamState::Open, Some(ms)) = (s.meta.state, s.meta.lease_ms) {
                 // Leases restart from recovery: a producer gets a full lease to reconnect.
-                leases.insert(
-                    s.meta.id,
-                    (Duration::from_millis(ms), now + Duration::from_millis(ms)),
-                );
+                leases.arm(s.meta.id, ms);
             }
         }
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let background = vec![
+            spawn_maintenance(
+                Arc::clone(&shared),
+                tx.clone(),
+                Arc::clone(&leases),
+                Arc::clone(&shutdown),
+            )?,
+            spawn_index_flusher(Arc::clone(&shared), Arc::clone(&shutdown))?,
+        ];
         let engine = Self {
             inner: Arc::new(Inner {
                 shared,
                 tx: Mutex::new(Some(tx)),
-                threads: Mutex::new(vec![writer]),
+                writer: Mutex::new(Some(writer)),
+                background: Mutex::new(background),
+                shutdown,
                 report: rec.report,
-                leases: Mutex::new(leases),
+                leases,
                 _lock: rec.lock,
             }),
         };
-        engine.start_background()?;
         Ok(engine)
-    }
-
-    fn start_background(&self) -> Result<()> {
-        let weak = Arc::downgrade(&self.inner);
-        let interval = self.inner.shared.config.retention.check_interval;
-        let handle = std::thread::Builder::new()
-            .name("cursorlog-background".into())
-            .spawn(move || {
-                let mut last_retention = Instant::now();
-                loop {
-                    std::thread::sleep(LEASE_TICK);
-                    let Some(inner) = weak.upgrade() else { return };
-                    let engine = Self { inner };
-                    if engine
-                        .inner
-                        .tx
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .is_none()
-                    {
-                        return;
-                    }
-                    engine.expire_leases();
-                    if last_retention.elapsed() >= interval {
-                        last_retention = Instant::now();
-                        if let Err(e) = engine.run_retention() {
-                            tracing::warn!(error = %e, "retention pass failed; will retry");
-                        }
-                    }
-                }
-            })
-            .map_err(Error::io("starting the background thread"))?;
-        self.inner
-            .threads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(handle);
-        Ok(())
-    }
-
-    fn expire_leases(&self) {
-        let now = Instant::now();
-        let expired: Vec<u64> = {
-            let mut leases = self
-                .inner
-                .leases
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let ids: Vec<u64> = leases
-                .iter()
-                .filter(|(_, (_, at))| *at <= now)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in &ids {
-                leases.remove(id);
-            }
-            ids
-        };
-        for stream in expired {
-            let cmd = Command::Terminate {
-                session: None,
-                stream,
-                state: StreamState::Aborted,
-                expected_next_seq: None,
-                reason: Some("producer lease expired".into()),
-                frame: None,
-            };
-            match self.submit(cmd) {
-                Ok(_) => tracing::info!(stream, "aborted stream: producer lease expired"),
-                Err(Error::StreamTerminated { .. }) => {}
-                Err(e) => tracing::warn!(stream, error = %e, "could not abort expired lease"),
-            }
-        }
     }
 
     /// Runs one retention pass now (it also runs every `retention.check_interval`); returns
@@ -227,23 +182,21 @@ impl Engine {
     /// # Errors
     /// Write or index failures.
     pub fn run_retention(&self) -> Result<usize> {
-        crate::retention::run_pass(&self.inner.shared, &|cmd| self.submit(cmd).map(|_| ()))
+        let tx = self.sender()?;
+        run_retention(&self.inner.shared, &tx)
     }
 
-    fn submit(&self, cmd: Command) -> Result<Reply> {
-        if self.inner.shared.poisoned.load(Ordering::Acquire) {
-            return Err(Error::Poisoned);
-        }
-        let tx = self
-            .inner
+    fn sender(&self) -> Result<SyncSender<Request>> {
+        self.inner
             .tx
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-            .ok_or(Error::Closed)?;
-        let (reply_tx, reply_rx) = sync_channel(1);
-        tx.send((cmd, reply_tx)).map_err(|_| Error::Closed)?;
-        reply_rx.recv().map_err(|_| Error::Closed)?
+            .ok_or(Error::Closed)
+    }
+
+    fn submit(&self, cmd: Command) -> Result<Reply> {
+        submit(&self.sender()?, &self.inner.shared, cmd)
     }
 
     /// The configuration the engine runs with.
@@ -349,12 +302,7 @@ impl Engine {
         match self.submit(Command::OpenStream(req))? {
             Reply::Stream(s) => {
                 if let Some(ms) = lease {
-                    let d = Duration::from_millis(ms);
-                    self.inner
-                        .leases
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(s.stream, (d, Instant::now() + d));
+                    self.inner.leases.arm(s.stream, ms);
                 }
                 Ok(s)
             }
@@ -363,14 +311,7 @@ impl Engine {
     }
 
     fn renew_lease(&self, stream: u64) {
-        let mut leases = self
-            .inner
-            .leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some((d, at)) = leases.get_mut(&stream) {
-            *at = Instant::now() + *d;
-        }
+        self.inner.leases.renew(stream);
     }
 
     /// Appends a batch atomically. With `expected_next_seq`, a retry of a batch already
@@ -432,11 +373,7 @@ impl Engine {
         };
         match self.submit(cmd)? {
             Reply::Terminated(t) => {
-                self.inner
-                    .leases
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&stream);
+                self.inner.leases.remove(stream);
                 Ok(t)
             }
             other => Err(unexpected(&other)),
@@ -606,24 +543,7 @@ impl Engine {
         } else {
             self.sync().map(|_| ())
         };
-        self.inner
-            .tx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let threads: Vec<_> = self
-            .inner
-            .threads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-            .collect();
-        let me = std::thread::current().id();
-        for t in threads {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
+        self.inner.stop_threads();
         result
     }
 

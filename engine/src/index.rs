@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use bincode::{Decode, Encode};
 
@@ -182,7 +182,8 @@ pub(crate) trait KvRead {
     }
 }
 
-/// Most entries the memtable holds before the writer moves it into sled.
+/// Memtable size at which the writer stops and moves it into sled itself (back-pressure
+/// when the background flush falls behind), and recovery flushes between chunks.
 pub(crate) const MEMTABLE_ENTRIES_MAX: usize = 64 * 1024;
 
 /// Pending writes over an ordered key space; `None` is a deletion.
@@ -209,6 +210,7 @@ pub(crate) struct Index {
     db: sled::Db,
     tree: sled::Tree,
     mem: Arc<RwLock<Memtable>>,
+    flushing_lock: Arc<Mutex<()>>,
 }
 
 /// The smallest key greater than every key starting with `prefix` (`None`: no bound).
@@ -224,17 +226,34 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 impl Index {
-    /// Opens (creating) the index in `dir`.
+    /// Opens (creating) the index in `dir`. The caller holds the data directory's lock, so
+    /// a busy sled lock can only be this process's previous instance whose sled I/O threads
+    /// are still winding down after close: wait for them (briefly) rather than fail.
     pub(crate) fn open(dir: &Path) -> Result<Self> {
-        let db = sled::Config::new()
-            .path(dir)
-            .flush_every_ms(Some(1000))
-            .open()?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let db = loop {
+            match sled::Config::new()
+                .path(dir)
+                .flush_every_ms(Some(1000))
+                .open()
+            {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e))
+                    if e.kind() != std::io::ErrorKind::NotFound
+                        && e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let tree = db.open_tree("cursorlog")?;
         Ok(Self {
             db,
             tree,
             mem: Arc::default(),
+            flushing_lock: Arc::default(),
         })
     }
 
@@ -272,20 +291,13 @@ impl Index {
         Ok(())
     }
 
-    /// Publishes a group commit's changes (readers see them at once); moves the memtable
-    /// into sled when it is full.
-    pub(crate) fn commit(&self, txn: Txn<'_>, applied_lsn: u64) -> Result<()> {
+    /// Publishes a group commit's changes: readers see them at once. A background thread
+    /// (or the caller, when the memtable is full) moves them into sled.
+    pub(crate) fn commit(&self, txn: Txn<'_>, applied_lsn: u64) {
         let writes = txn.into_writes();
-        let full = {
-            let mut mem = self.mem_mut();
-            mem.active.extend(writes);
-            mem.active_lsn = applied_lsn;
-            mem.active.len() >= MEMTABLE_ENTRIES_MAX
-        };
-        if full {
-            self.flush_memtable()?;
-        }
-        Ok(())
+        let mut mem = self.mem_mut();
+        mem.active.extend(writes);
+        mem.active_lsn = applied_lsn;
     }
 
     /// Entries waiting in the memtable.
@@ -296,6 +308,11 @@ impl Index {
     /// Writes the memtable into sled as one atomic batch with its applied LSN. Readers keep
     /// seeing it until sled has it. Only the writer (or recovery) calls this.
     pub(crate) fn flush_memtable(&self) -> Result<()> {
+        // One flush at a time, so sled receives memtables in LSN order.
+        let _one = self
+            .flushing_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let (frozen, lsn) = {
             let mut mem = self.mem_mut();
             if mem.active.is_empty() {
@@ -557,6 +574,22 @@ impl<'a> Txn<'a> {
     pub(crate) fn put_stream(&mut self, s: &StoredStream) {
         self.streams.get_mut().insert(s.meta.id, Some(s.clone()));
         self.dirty_streams.insert(s.meta.id);
+    }
+
+    /// Changes a stream in place (if it exists) without copying it: the per-event path.
+    pub(crate) fn update_stream(
+        &mut self,
+        id: u64,
+        f: impl FnOnce(&mut StoredStream),
+    ) -> Result<()> {
+        if !self.streams.get_mut().contains_key(&id) {
+            self.stored_stream(id)?;
+        }
+        if let Some(Some(s)) = self.streams.get_mut().get_mut(&id) {
+            f(s);
+            self.dirty_streams.insert(id);
+        }
+        Ok(())
     }
 
     pub(crate) fn put_terminal_frame(&mut self, e: &EventBody) {

@@ -32,6 +32,7 @@
 
 mod api;
 mod apply;
+mod background;
 mod codec;
 mod config;
 mod cursor;

@@ -431,13 +431,16 @@ fn replay_groups(
         }
         if in_txn >= CHUNK {
             let full = std::mem::replace(&mut txn, Txn::new(index));
-            index.commit(full, last)?;
+            index.commit(full, last);
+            if index.memtable_len() >= crate::index::MEMTABLE_ENTRIES_MAX {
+                index.flush_memtable()?;
+            }
             in_txn = 0;
         }
         Ok(())
     })?;
     if in_txn > 0 {
-        index.commit(txn, last)?;
+        index.commit(txn, last);
     }
     Ok(end)
 }

@@ -73,6 +73,16 @@ pub(crate) enum Reply {
 
 pub(crate) type Request = (Command, SyncSender<Result<Reply>>);
 
+/// Sends `cmd` to the writer and waits for its answer.
+pub(crate) fn submit(tx: &SyncSender<Request>, shared: &Shared, cmd: Command) -> Result<Reply> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
+    tx.send((cmd, reply_tx)).map_err(|_| Error::Closed)?;
+    reply_rx.recv().map_err(|_| Error::Closed)?
+}
+
 /// Counters the writer keeps for stats.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -97,22 +107,13 @@ pub(crate) struct Shared {
     pub commits: tokio::sync::watch::Sender<u64>,
 }
 
-/// How often committed index changes are moved from the memtable into sled.
-const INDEX_FLUSH_EVERY: Duration = Duration::from_millis(250);
-
 /// The writer thread's own state.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
     active: Arc<Segment>,
     next_lsn: u64,
     last_sync: Instant,
-    last_index_flush: Instant,
     unsynced: bool,
-}
-
-/// Records planned for one request, framed and ready.
-struct Planned {
-    frames: Vec<(u64, Position, Record)>,
 }
 
 impl Writer {
@@ -122,7 +123,6 @@ impl Writer {
             active,
             next_lsn,
             last_sync: Instant::now(),
-            last_index_flush: Instant::now(),
             unsynced: false,
         }
     }
@@ -130,15 +130,14 @@ impl Writer {
     /// Runs until every sender is gone, then syncs.
     pub(crate) fn run(mut self, rx: &Receiver<Request>) {
         let tick = match self.shared.config.sync {
-            SyncPolicy::Interval(ms) => Duration::from_millis(ms.max(1)).min(INDEX_FLUSH_EVERY),
-            _ => INDEX_FLUSH_EVERY,
+            SyncPolicy::Interval(ms) => Duration::from_millis(ms.max(1)),
+            _ => Duration::from_secs(3600),
         };
         loop {
             let first = match rx.recv_timeout(tick) {
                 Ok(r) => r,
                 Err(RecvTimeoutError::Timeout) => {
                     self.sync_if_due(false);
-                    self.flush_index_if_due();
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -159,22 +158,6 @@ impl Writer {
                 .and_then(|()| self.shared.index.flush())
             {
                 tracing::error!(error = %e, "final sync on close failed");
-            }
-        }
-    }
-
-    /// Moves the index memtable into sled every [`INDEX_FLUSH_EVERY`], bounding what a
-    /// restart must replay from the log.
-    fn flush_index_if_due(&mut self) {
-        if self.shared.poisoned.load(Ordering::Acquire)
-            || self.last_index_flush.elapsed() < INDEX_FLUSH_EVERY
-        {
-            return;
-        }
-        self.last_index_flush = Instant::now();
-        if self.shared.index.memtable_len() > 0 {
-            if let Err(e) = self.shared.index.flush_memtable() {
-                self.poison(&e);
             }
         }
     }
@@ -285,10 +268,14 @@ impl Writer {
             return;
         }
         let last_lsn = self.next_lsn - 1;
-        let applied = if txn.is_empty() && first_lsn == self.next_lsn {
-            Ok(())
+        if !(txn.is_empty() && first_lsn == self.next_lsn) {
+            index.commit(txn, last_lsn);
+        }
+        let applied = if index.memtable_len() >= 4 * crate::index::MEMTABLE_ENTRIES_MAX {
+            // The background flush fell behind: pay for it here rather than grow unbounded.
+            index.flush_memtable()
         } else {
-            index.commit(txn, last_lsn)
+            Ok(())
         };
         let retired = applied.and_then(|()| {
             if retire.is_empty() {
@@ -324,7 +311,6 @@ impl Writer {
         for (tx, reply) in acks {
             let _ = tx.send(Ok(reply));
         }
-        self.flush_index_if_due();
     }
 
     fn write_and_sync(&mut self, buf: &[u8], force: bool) -> Result<()> {
@@ -344,30 +330,32 @@ impl Writer {
 
     /// Frames `records` as one atomic group and applies them to the overlay.
     fn emit(&mut self, records: Vec<Record>, txn: &mut Txn<'_>, buf: &mut Vec<u8>) -> Result<()> {
-        let mut planned = Planned {
-            frames: Vec::with_capacity(records.len()),
-        };
-        let mut local = Vec::new();
-        let base_offset = self.active.len() + buf.len() as u64;
+        // Frames go straight into the group's buffer; on an encoding failure (a bug guard:
+        // limits are checked before planning) the request's partial frames are cut off again.
+        let start = buf.len();
+        let base_offset = self.active.len() + start as u64;
         let count = records.len();
-        for (i, record) in records.into_iter().enumerate() {
+        let mut positions = Vec::with_capacity(count);
+        for (i, record) in records.iter().enumerate() {
             let lsn = self.next_lsn + i as u64;
             let group_left = u32::try_from(count - 1 - i).unwrap_or(u32::MAX);
-            let offset = base_offset + local.len() as u64;
-            let len = encode_frame(&record, lsn, group_left, &mut local)
-                .map_err(|e| Error::invalid("event", e))?;
-            let pos = Position {
-                segment: self.active.base_lsn(),
-                offset,
-                len,
-            };
-            planned.frames.push((lsn, pos, record));
+            let offset = base_offset + (buf.len() - start) as u64;
+            match encode_frame(record, lsn, group_left, buf) {
+                Ok(len) => positions.push(Position {
+                    segment: self.active.base_lsn(),
+                    offset,
+                    len,
+                }),
+                Err(e) => {
+                    buf.truncate(start);
+                    return Err(Error::invalid("event", e));
+                }
+            }
         }
-        for (lsn, pos, record) in &planned.frames {
-            apply(txn, *lsn, *pos, record)?;
+        for (i, (record, pos)) in records.iter().zip(positions).enumerate() {
+            apply(txn, self.next_lsn + i as u64, pos, record)?;
         }
         self.next_lsn += count as u64;
-        buf.extend_from_slice(&local);
         Ok(())
     }
 }
