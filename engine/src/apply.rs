@@ -15,7 +15,13 @@ use crate::record::{Record, StreamSnapshot};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
 
 /// Applies `record`, written at `lsn` and `pos`, to the pending index state.
-pub(crate) fn apply(txn: &mut Txn<'_>, lsn: u64, pos: Position, record: &Record) -> Result<()> {
+pub(crate) fn apply(
+    txn: &mut Txn<'_>,
+    lsn: u64,
+    pos: Position,
+    record: &Record,
+    continues_run: bool,
+) -> Result<()> {
     match record {
         Record::SessionOpened {
             session,
@@ -69,12 +75,16 @@ pub(crate) fn apply(txn: &mut Txn<'_>, lsn: u64, pos: Position, record: &Record)
         }
         Record::StreamSnapshot(snap) => put_stream(txn, snap.clone(), lsn)?,
         Record::Event(e) => {
-            txn.put_position(e.stream, e.seq, pos);
+            if !continues_run {
+                txn.put_position(e.stream, e.seq, pos);
+            }
             txn.update_stream(e.stream, |s| s.meta.head = s.meta.head.max(e.seq))?;
         }
         Record::Terminal(t) => {
             if let Some(frame) = &t.frame {
-                txn.put_position(t.stream, t.terminal_seq, pos);
+                if !continues_run {
+                    txn.put_position(t.stream, t.terminal_seq, pos);
+                }
                 txn.put_terminal_frame(frame);
             }
             if let Some(mut s) = txn.stored_stream(t.stream)? {
@@ -113,17 +123,38 @@ pub(crate) fn apply(txn: &mut Txn<'_>, lsn: u64, pos: Position, record: &Record)
         Record::Trim {
             stream, watermark, ..
         } => {
-            let old = match txn.stored_stream(*stream)? {
+            match txn.stored_stream(*stream)? {
                 Some(mut s) if s.meta.watermark < *watermark => {
-                    let old = s.meta.watermark;
                     s.meta.watermark = *watermark;
                     txn.put_stream(&s);
-                    old
                 }
                 Some(_) => return Ok(()),
-                None => 0,
-            };
-            remove_positions(txn, *stream, old, *watermark)?;
+                None => {}
+            }
+            trim_runs(txn, *stream, *watermark)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the run starts of `stream` below `watermark`, except the last one: its run may
+/// continue at or above the watermark, and reads find events through their run's start.
+/// (Retiring its segment removes it later, see [`drop_runs_in`].)
+fn trim_runs(txn: &mut Txn<'_>, stream: u64, watermark: u64) -> Result<()> {
+    let mut below = txn.raw_range_keys(&event_key(stream, 0), &event_key(stream, watermark))?;
+    below.pop();
+    for k in below {
+        txn.remove_raw(k);
+    }
+    Ok(())
+}
+
+/// Removes `stream`'s run starts that point into the segments `bases` (being retired): only
+/// runs wholly below the watermark can be there.
+pub(crate) fn drop_runs_in(txn: &mut Txn<'_>, stream: u64, bases: &[u64]) -> Result<()> {
+    for (k, v) in txn.raw_scan(&event_key(stream, 0)[..9])? {
+        if Position::decode(&v).is_some_and(|p| bases.contains(&p.segment)) {
+            txn.remove_raw(k);
         }
     }
     Ok(())

@@ -153,12 +153,6 @@ pub(crate) trait KvRead {
         self.raw_get(&k)?.map(|v| decode_value(&k, &v)).transpose()
     }
 
-    fn position(&self, stream: u64, seq: u64) -> Result<Option<Position>> {
-        Ok(self
-            .raw_get(&event_key(stream, seq))?
-            .and_then(|v| Position::decode(&v)))
-    }
-
     fn terminal_frame(&self, stream: u64) -> Result<Option<EventBody>> {
         let k = terminal_frame_key(stream);
         self.raw_get(&k)?.map(|v| decode_value(&k, &v)).transpose()
@@ -419,26 +413,65 @@ impl Index {
         Ok(out)
     }
 
-    /// Events of `stream` from `from_seq` on, ascending, at most `max`.
-    pub(crate) fn positions_from(
+    /// The index entries (run starts) that cover `stream`'s events from `from_seq` on: the
+    /// last run start at or below `from_seq`, then the following ones; at most `max`.
+    pub(crate) fn runs_from(
         &self,
         stream: u64,
         from_seq: u64,
         max: usize,
     ) -> Result<Vec<(u64, Position)>> {
-        let start = event_key(stream, from_seq);
-        let end = prefix_end(&event_key(stream, 0)[..9]);
-        let mut out = Vec::with_capacity(max.min(1024));
-        for (k, v) in self.range(&start, end.as_deref(), max)? {
-            let seq = k
-                .get(9..17)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes);
-            if let (Some(seq), Some(pos)) = (seq, Position::decode(&v)) {
-                out.push((seq, pos));
+        let first = event_key(stream, 0);
+        let after = event_key(stream, from_seq.saturating_add(1));
+        let end = prefix_end(&first[..9]);
+        let mut out = Vec::with_capacity(max.min(64));
+        if let Some(kv) = self.last_live(&first, &after)? {
+            out.push(kv);
+        }
+        let rest = max.saturating_sub(out.len());
+        out.extend(self.range(&after, end.as_deref(), rest)?);
+        Ok(out
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let seq = k
+                    .get(9..17)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_be_bytes)?;
+                Some((seq, Position::decode(&v)?))
+            })
+            .collect())
+    }
+
+    /// The greatest live entry in `start..end`: sled and the memtable, newest layer winning.
+    fn last_live(&self, start: &[u8], end: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let overlay = self.overlay_range(start, Some(end));
+        let mut overlay = overlay.into_iter().rev().peekable();
+        let mut stored = self.tree.range(start..end).rev();
+        let mut next_stored = stored.next().transpose()?;
+        loop {
+            let take_overlay = match (&next_stored, overlay.peek()) {
+                (None, None) => return Ok(None),
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (Some((sk, _)), Some((ok, _))) => ok.as_slice() >= sk.as_ref(),
+            };
+            if take_overlay {
+                let Some((k, v)) = overlay.next() else {
+                    return Ok(None);
+                };
+                if next_stored
+                    .as_ref()
+                    .is_some_and(|(sk, _)| sk.as_ref() == k.as_slice())
+                {
+                    next_stored = stored.next().transpose()?;
+                }
+                if let Some(v) = v {
+                    return Ok(Some((k, v)));
+                }
+            } else if let Some((k, v)) = next_stored.take() {
+                return Ok(Some((k.to_vec(), v.to_vec())));
             }
         }
-        Ok(out)
     }
 
     /// Every remembered session.

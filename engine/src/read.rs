@@ -4,9 +4,10 @@
 use crate::api::{Event, Outcome, ReadBatch};
 use crate::engine::Engine;
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::index::KvRead;
-use crate::log::Position;
-use crate::record::{decode_frame, FrameError, Record};
+use crate::record::{decode_frame, FrameError, Record, Terminal};
+use crate::segment::Segment;
 use crate::state::StreamMeta;
 use crate::verdict::{decide, past_horizon, Resolution};
 use crate::writer::{duration_ms, now_ms, Shared};
@@ -71,14 +72,7 @@ impl Engine {
             });
         }
         let max = max_events.clamp(1, self.config().read_events_max) as usize;
-        let positions = self.inner.shared.index.positions_from(stream, from, max)?;
-        let mut events = Vec::with_capacity(positions.len());
-        for (i, (seq, pos)) in positions.into_iter().enumerate() {
-            if seq != from + i as u64 || seq > meta.head {
-                break;
-            }
-            events.push(read_at(&self.inner.shared, stream, seq, pos)?);
-        }
+        let events = read_events(&self.inner.shared, stream, from, meta.head, max)?;
         let last = events.last().map_or(after_seq, |e| e.seq);
         let end_of_stream = meta.state.is_terminal() && last >= meta.head;
         Ok(ReadBatch {
@@ -147,52 +141,142 @@ impl Engine {
     }
 }
 
-/// Reads and checks the stored event `seq` of `stream` at `pos`.
-fn read_at(shared: &Shared, stream: u64, seq: u64, pos: Position) -> Result<Event> {
-    let Some(seg) = shared.segments.get(pos.segment) else {
-        return Err(missing_segment(shared, stream, seq, pos.segment));
-    };
-    let decoded = seg.with_bytes(pos.offset, u64::from(pos.len), decode_frame)?;
-    let corrupt = |kind| Error::Corruption {
+/// Events `from..=head` of `stream` (at most `max`), gap-free: each index entry starts a run
+/// of adjacent frames, walked forward from the run start at or below `from`.
+fn read_events(
+    shared: &Shared,
+    stream: u64,
+    from: u64,
+    head: u64,
+    max: usize,
+) -> Result<Vec<Event>> {
+    let mut events = Vec::new();
+    if from > head {
+        return Ok(events);
+    }
+    let runs = shared
+        .index
+        .runs_from(stream, from, max.saturating_add(1))?;
+    let mut expected = from;
+    for (i, (start, pos)) in runs.iter().enumerate() {
+        let run_end = runs.get(i + 1).map_or(u64::MAX, |r| r.0);
+        if run_end <= expected || *start > expected {
+            // A run wholly before `from`, or a hole in the index: the latter is corruption.
+            if *start > expected {
+                return Err(index_gap(shared, stream, expected, pos.segment));
+            }
+            continue;
+        }
+        let Some(seg) = shared.segments.get(pos.segment) else {
+            return Err(missing_segment(shared, stream, expected, pos.segment));
+        };
+        let mut offset = pos.offset;
+        let mut seq = *start;
+        while seq < run_end && seq <= head && events.len() < max {
+            if seq < expected {
+                offset += frame_len_at(&seg, offset)?;
+            } else {
+                let (event, len) = read_frame_at(&seg, offset, stream, seq)?;
+                events.push(event);
+                offset += len;
+                expected = seq + 1;
+            }
+            seq += 1;
+        }
+        if events.len() >= max || expected > head {
+            break;
+        }
+    }
+    if events.is_empty() && expected <= head {
+        let segment = runs.first().map_or(0, |r| r.1.segment);
+        return Err(index_gap(shared, stream, expected, segment));
+    }
+    Ok(events)
+}
+
+/// No index entry covers `seq`: evicted if a trim raced this read, otherwise the index is
+/// damaged (it can be rebuilt from the log).
+fn index_gap(shared: &Shared, stream: u64, seq: u64, segment: u64) -> Error {
+    if let Error::Evicted { .. } = missing_segment(shared, stream, seq, segment) {
+        return missing_segment(shared, stream, seq, segment);
+    }
+    Error::Corruption {
+        segment: shared.config.dir.join(crate::format::segment_name(segment)),
+        offset: 0,
+        kind: CorruptionKind::BadBody(format!("the index has no entry covering {stream}/{seq}; delete the index directory to rebuild it")),
+    }
+}
+
+fn frame_error(seg: &Segment, offset: u64, kind: CorruptionKind) -> Error {
+    Error::Corruption {
         segment: seg.path().to_path_buf(),
-        offset: pos.offset,
+        offset,
         kind,
-    };
-    let frame = decoded.map_err(|e| {
-        corrupt(match e {
-            FrameError::Crc { got, expected } => CorruptionKind::Crc { got, expected },
-            FrameError::BadBody(b) => CorruptionKind::BadBody(b),
-            FrameError::BadLength(n) => CorruptionKind::BadLength(n),
-            FrameError::Truncated => CorruptionKind::BadLength(u64::from(pos.len)),
-        })
+    }
+}
+
+/// Length of the frame at `offset`, from its header (the frames skipped on the way to the
+/// first requested one are not returned, so their CRC is not checked).
+fn frame_len_at(seg: &Segment, offset: u64) -> Result<u64> {
+    let header = seg.with_bytes(offset, FRAME_HEADER_BYTES as u64, |b| {
+        <&[u8; FRAME_HEADER_BYTES]>::try_from(b)
+            .map(FrameHeader::read)
+            .ok()
+    })?;
+    header
+        .filter(|h| h.body_len <= crate::format::BODY_BYTES_MAX)
+        .map(|h| h.frame_len())
+        .ok_or_else(|| frame_error(seg, offset, CorruptionKind::BadLength(0)))
+}
+
+/// Reads and checks the frame at `offset`, which must be event `seq` of `stream`; returns it
+/// with the frame's length.
+fn read_frame_at(seg: &Segment, offset: u64, stream: u64, seq: u64) -> Result<(Event, u64)> {
+    let len = frame_len_at(seg, offset)?;
+    let frame = seg.with_bytes(offset, len, decode_frame)?.map_err(|e| {
+        frame_error(
+            seg,
+            offset,
+            match e {
+                FrameError::Crc { got, expected } => CorruptionKind::Crc { got, expected },
+                FrameError::BadBody(b) => CorruptionKind::BadBody(b),
+                FrameError::BadLength(n) => CorruptionKind::BadLength(n),
+                FrameError::Truncated => CorruptionKind::BadLength(len),
+            },
+        )
     })?;
     let body = match frame.record {
         Record::Event(b) => b,
-        Record::Terminal(t) => t.frame.ok_or_else(|| {
-            corrupt(CorruptionKind::BadBody(
-                "terminal record without a frame".into(),
-            ))
-        })?,
+        Record::Terminal(Terminal { frame: Some(b), .. }) => b,
         _ => {
-            return Err(corrupt(CorruptionKind::BadBody(
-                "index points at a non-event record".into(),
-            )))
+            return Err(frame_error(
+                seg,
+                offset,
+                CorruptionKind::BadBody(format!(
+                    "expected event {stream}/{seq}, found another record"
+                )),
+            ))
         }
     };
     if body.stream != stream || body.seq != seq {
-        return Err(corrupt(CorruptionKind::BadBody(format!(
-            "index points at {}/{} for {stream}/{seq}",
-            body.stream, body.seq
-        ))));
+        return Err(frame_error(
+            seg,
+            offset,
+            CorruptionKind::BadBody(format!(
+                "expected event {stream}/{seq}, found {}/{}",
+                body.stream, body.seq
+            )),
+        ));
     }
-    Ok(Event {
+    let event = Event {
         stream,
         seq,
         kind: body.kind,
         correlation: body.correlation,
         payload: body.payload,
         appended_at_ms: body.at_ms,
-    })
+    };
+    Ok((event, len))
 }
 
 /// A position whose segment is gone: evicted if retention raised the watermark past `seq`
@@ -220,10 +304,7 @@ fn missing_segment(shared: &Shared, stream: u64, seq: u64, segment: u64) -> Erro
 
 /// Reads one committed event, `None` if it has no index entry.
 pub(crate) fn read_event(shared: &Shared, stream: u64, seq: u64) -> Result<Option<Event>> {
-    match shared.index.position(stream, seq)? {
-        Some(pos) => read_at(shared, stream, seq, pos).map(Some),
-        None => Ok(None),
-    }
+    Ok(read_events(shared, stream, seq, seq, 1)?.into_iter().next())
 }
 
 /// A live reader of one stream; yields batches until the terminal seq has been delivered.

@@ -208,6 +208,25 @@ impl Record {
         }
     }
 
+    /// The (stream, seq) of the event this record carries, if it carries one.
+    pub(crate) fn event_id(&self) -> Option<(u64, u64)> {
+        match self {
+            Self::Event(e) => Some((e.stream, e.seq)),
+            Self::Terminal(t) if t.frame.is_some() => Some((t.stream, t.terminal_seq)),
+            _ => None,
+        }
+    }
+
+    /// True when this record's event directly follows `prev`'s event of the same stream,
+    /// `prev` being the record just before it in the same group (so the frames are adjacent
+    /// in one segment). Such an event needs no index entry of its own: see FORMAT.md, runs.
+    pub(crate) fn continues_run(&self, prev: Option<&Self>) -> bool {
+        match (prev.and_then(Self::event_id), self.event_id()) {
+            (Some((ps, pq)), Some((s, q))) => ps == s && pq.checked_add(1) == Some(q),
+            _ => false,
+        }
+    }
+
     /// Decodes a body of type `tag`.
     pub(crate) fn decode(tag: u8, body: &[u8]) -> Result<Self, String> {
         Ok(match tag {

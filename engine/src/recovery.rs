@@ -421,9 +421,10 @@ fn replay_groups(
     let mut in_txn = 0usize;
     let mut last = applied;
     let end = scan_segment(bytes, base, |group| {
-        for (lsn, pos, record) in group {
+        for (i, (lsn, pos, record)) in group.iter().enumerate() {
             if *lsn > applied {
-                apply(&mut txn, *lsn, *pos, record)?;
+                let prev = i.checked_sub(1).and_then(|p| group.get(p)).map(|g| &g.2);
+                apply(&mut txn, *lsn, *pos, record, record.continues_run(prev))?;
                 in_txn += 1;
                 *replayed += 1;
                 last = *lsn;

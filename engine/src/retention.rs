@@ -22,8 +22,9 @@ use crate::writer::{duration_ms, now_ms, Command, Shared};
 pub(crate) struct Plan {
     /// Watermarks to raise (stream, new watermark).
     pub raise: Vec<(u64, u64)>,
-    /// Segments to retire, and the LSN below which all their records lie.
-    pub retire: Option<(Vec<u64>, u64)>,
+    /// Segments to retire, the LSN below which all their records lie, and the streams with
+    /// events in them.
+    pub retire: Option<(Vec<u64>, u64, Vec<u64>)>,
 }
 
 /// Per segment: the newest append time and, per stream, the highest event seq in it.
@@ -69,6 +70,7 @@ pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
     let mut wanted: BTreeMap<u64, u64> = BTreeMap::new();
     let mut retire = Vec::new();
     let mut retire_below = 0;
+    let mut retired_streams = std::collections::BTreeSet::new();
     for (i, seg) in sealed.iter().enumerate() {
         let summary = summarize(seg)?;
         let too_old = cfg
@@ -95,11 +97,12 @@ pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
         }
         total = total.saturating_sub(seg.len());
         retire.push(seg.base_lsn());
+        retired_streams.extend(summary.max_seq.keys().copied());
         retire_below = all.get(i + 1).map_or(0, |n| n.base_lsn());
     }
     plan.raise = wanted.into_iter().collect();
     if !retire.is_empty() {
-        plan.retire = Some((retire, retire_below));
+        plan.retire = Some((retire, retire_below, retired_streams.into_iter().collect()));
     }
     Ok(plan)
 }
@@ -117,10 +120,14 @@ pub(crate) fn run_pass(shared: &Shared, submit: &dyn Fn(Command) -> Result<()>) 
             Err(e) => return Err(e),
         }
     }
-    let Some((bases, below_lsn)) = plan.retire else {
+    let Some((bases, below_lsn, streams)) = plan.retire else {
         return Ok(0);
     };
     let n = bases.len();
-    submit(Command::Retire { below_lsn, bases })?;
+    submit(Command::Retire {
+        below_lsn,
+        bases,
+        streams,
+    })?;
     Ok(n)
 }

@@ -54,6 +54,8 @@ pub(crate) enum Command {
     Retire {
         below_lsn: u64,
         bases: Vec<u64>,
+        /// Streams with events in the retired segments (their stale run starts go).
+        streams: Vec<u64>,
     },
     Sync,
 }
@@ -353,7 +355,9 @@ impl Writer {
             }
         }
         for (i, (record, pos)) in records.iter().zip(positions).enumerate() {
-            apply(txn, self.next_lsn + i as u64, pos, record)?;
+            let prev = i.checked_sub(1).and_then(|p| records.get(p));
+            let continues = record.continues_run(prev);
+            apply(txn, self.next_lsn + i as u64, pos, record, continues)?;
         }
         self.next_lsn += count as u64;
         Ok(())

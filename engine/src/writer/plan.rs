@@ -170,7 +170,14 @@ impl Writer {
                 )?;
                 Ok(Reply::Watermark(target))
             }
-            Command::Retire { below_lsn, .. } => {
+            Command::Retire {
+                below_lsn,
+                bases,
+                streams,
+            } => {
+                for stream in streams {
+                    crate::apply::drop_runs_in(txn, stream, &bases)?;
+                }
                 let records = self.carry_forward(txn, below_lsn, now)?;
                 if !records.is_empty() {
                     self.emit(records, txn, buf)?;
