@@ -1,4 +1,5 @@
-//! Deterministic simulation: random workloads through `FaultyFs` with power loss at random
+//! Deterministic simulation: random workloads (sessions, epochs, streams, appends, terminal
+//! frames, trims, session expiry, retention passes) through `FaultyFs` with power loss at random
 //! points (including mid-write, leaving torn bytes), I/O errors and ENOSPC, checked after every
 //! recovery against an in-memory model:
 //! * every acknowledged event (sync `Always`) is present and byte-identical, seqs gap-free;
@@ -63,6 +64,7 @@ impl MStream {
 #[derive(Debug, Default)]
 struct Model {
     sessions: BTreeMap<String, u64>,
+    expired: std::collections::BTreeSet<String>,
     streams: BTreeMap<u64, MStream>,
 }
 
@@ -71,6 +73,9 @@ impl Model {
         let Some(&epoch) = self.sessions.get(session) else {
             return Verdict::UnknownSession;
         };
+        if self.expired.contains(session) {
+            return Verdict::UnknownSession;
+        }
         if c.epoch != epoch {
             return Verdict::EpochMismatch;
         }
@@ -256,11 +261,31 @@ fn mutate(engine: &Engine, model: &mut Model, rng: &mut Rng) -> Result<(), Error
             s.events.push((frame.kind, frame.payload));
             s.state = StreamState::Completed;
         }
-        88..=91 => {
+        88..=90 => {
             let Some(id) = pick(rng) else { return Ok(()) };
             let session = model.streams[&id].session.clone();
             engine.abort(&session, id, "gave up", None)?;
             model.streams.get_mut(&id).unwrap().state = StreamState::Aborted;
+        }
+        91 if model.sessions.contains_key(&session) && !model.expired.contains(&session) => {
+            let expired = engine.expire_session(&session)?;
+            let mut aborted = Vec::new();
+            for (id, s) in &mut model.streams {
+                if s.session == session && s.state == StreamState::Open {
+                    s.state = StreamState::Aborted;
+                    aborted.push(*id);
+                }
+            }
+            assert_eq!(
+                expired.aborted, aborted,
+                "expiry aborts exactly the open streams"
+            );
+            model.expired.insert(session);
+        }
+        92..=94 => {
+            // Retires segments whose events are all below their watermarks; changes nothing
+            // a client can observe.
+            engine.run_retention()?;
         }
         _ => {
             let ids: Vec<u64> = model.streams.keys().copied().collect();
@@ -284,6 +309,7 @@ struct Exercised {
     crashes: u64,
     torn_bytes: u64,
     rebuilds: u64,
+    segments_retired: u64,
 }
 
 fn run_seed(seed: u64, steps: usize) -> Exercised {
@@ -327,6 +353,7 @@ fn run_seed(seed: u64, steps: usize) -> Exercised {
             continue;
         }
         seen.crashes += 1;
+        seen.segments_retired += engine.stats().unwrap().segments_deleted;
         drop(engine);
         fs.revive();
         if rng.below(4) == 0 {
@@ -363,6 +390,7 @@ fn acknowledged_events_survive_crashes_torn_writes_and_io_errors() {
                 total.crashes += seen.crashes;
                 total.torn_bytes += seen.torn_bytes;
                 total.rebuilds += seen.rebuilds;
+                total.segments_retired += seen.segments_retired;
             }
             Err(e) => {
                 eprintln!("simulation failed: rerun with CURSORLOG_SEED={seed}");
@@ -373,7 +401,10 @@ fn acknowledged_events_survive_crashes_torn_writes_and_io_errors() {
     eprintln!("simulation: {total:?}");
     if many {
         assert!(
-            total.crashes > 0 && total.torn_bytes > 0 && total.rebuilds > 0,
+            total.crashes > 0
+                && total.torn_bytes > 0
+                && total.rebuilds > 0
+                && total.segments_retired > 0,
             "the faults never bit: {total:?}"
         );
     }
