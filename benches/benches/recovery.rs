@@ -28,7 +28,9 @@ fn config(dir: &Path) -> Config {
 /// Fills a log of about `bytes` over 64 streams in batches of 256, then closes it.
 fn populate(dir: &Path, bytes: u64) {
     let engine = Engine::open(config(dir)).unwrap();
-    let streams: Vec<u64> = (0..64).map(|i| open_stream(&engine, &format!("s{i}"))).collect();
+    let streams: Vec<u64> = (0..64)
+        .map(|i| open_stream(&engine, &format!("s{i}")))
+        .collect();
     let mut i = 0;
     while engine.stats().unwrap().log_bytes < bytes {
         let s = streams[i % streams.len()];
