@@ -18,7 +18,7 @@ use crate::fs::{FileSystem, StdFs};
 use crate::index::prefix;
 use crate::recovery::{recover, RecoveryReport};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
-use crate::writer::{submit, Command, Counters, Reply, Request, Shared, Writer};
+use crate::writer::{submit, submit_async, Command, Counters, Reply, Request, Shared, Writer};
 
 /// Depth of the writer's request queue; appenders block beyond it (back-pressure).
 const WRITER_QUEUE_DEPTH: usize = 16 * 1024;
@@ -321,6 +321,30 @@ impl Engine {
     /// Bad input (nothing written); unknown stream (or another session's);
     /// [`Error::StreamTerminated`]; [`Error::SeqConflict`]; write failures.
     pub fn append(&self, req: Append) -> Result<Appended> {
+        self.check_append(&req)?;
+        match self.submit(Command::Append(req))? {
+            Reply::Appended(a) => Ok(a),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// [`Engine::append`] for async callers: no thread waits for the group commit, the task
+    /// does. Dropping the future does not cancel an append that was already queued.
+    ///
+    /// # Errors
+    /// As [`Engine::append`].
+    pub async fn append_async(&self, req: Append) -> Result<Appended> {
+        self.check_append(&req)?;
+        let tx = self.sender()?;
+        match submit_async(&tx, &self.inner.shared, Command::Append(req)).await? {
+            Reply::Appended(a) => Ok(a),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Checks an append's limits (nothing is written for a refused one) and renews the
+    /// stream's producer lease.
+    fn check_append(&self, req: &Append) -> Result<()> {
         self.check_id("session", &req.session)?;
         if req.events.is_empty() {
             return Err(Error::invalid(
@@ -342,12 +366,8 @@ impl Engine {
         for e in &req.events {
             self.check_event(e)?;
         }
-        let stream = req.stream;
-        self.renew_lease(stream);
-        match self.submit(Command::Append(req))? {
-            Reply::Appended(a) => Ok(a),
-            other => Err(unexpected(&other)),
-        }
+        self.renew_lease(req.stream);
+        Ok(())
     }
 
     fn terminate(

@@ -73,7 +73,29 @@ pub(crate) enum Reply {
     Done,
 }
 
-pub(crate) type Request = (Command, SyncSender<Result<Reply>>);
+/// Where the writer sends a request's answer: a blocked thread, or an awaiting task.
+#[derive(Debug)]
+pub(crate) enum ReplyTo {
+    Blocking(SyncSender<Result<Reply>>),
+    Async(tokio::sync::oneshot::Sender<Result<Reply>>),
+}
+
+impl ReplyTo {
+    /// Delivers the answer; a caller that has gone away is no error (the request was
+    /// carried out either way).
+    pub(crate) fn send(self, reply: Result<Reply>) {
+        match self {
+            Self::Blocking(tx) => {
+                let _ = tx.send(reply);
+            }
+            Self::Async(tx) => {
+                let _ = tx.send(reply);
+            }
+        }
+    }
+}
+
+pub(crate) type Request = (Command, ReplyTo);
 
 /// Sends `cmd` to the writer and waits for its answer.
 pub(crate) fn submit(tx: &SyncSender<Request>, shared: &Shared, cmd: Command) -> Result<Reply> {
@@ -81,8 +103,25 @@ pub(crate) fn submit(tx: &SyncSender<Request>, shared: &Shared, cmd: Command) ->
         return Err(Error::Poisoned);
     }
     let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
-    tx.send((cmd, reply_tx)).map_err(|_| Error::Closed)?;
+    tx.send((cmd, ReplyTo::Blocking(reply_tx)))
+        .map_err(|_| Error::Closed)?;
     reply_rx.recv().map_err(|_| Error::Closed)?
+}
+
+/// [`submit`] for async callers: the answer is awaited, no thread blocks on it. Queuing the
+/// request blocks the caller only while the writer's queue is full.
+pub(crate) async fn submit_async(
+    tx: &SyncSender<Request>,
+    shared: &Shared,
+    cmd: Command,
+) -> Result<Reply> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
+    tx.send((cmd, ReplyTo::Async(reply_tx)))
+        .map_err(|_| Error::Closed)?;
+    reply_rx.await.map_err(|_| Error::Closed)?
 }
 
 /// Counters the writer keeps for stats.
@@ -214,14 +253,14 @@ impl Writer {
     fn commit(&mut self, batch: Vec<Request>) {
         if self.shared.poisoned.load(Ordering::Acquire) {
             for (_, tx) in batch {
-                let _ = tx.send(Err(Error::Poisoned));
+                tx.send(Err(Error::Poisoned));
             }
             return;
         }
         if let Err(e) = self.rotate_if_full() {
             self.poison(&e);
             for (_, tx) in batch {
-                let _ = tx.send(Err(Error::Poisoned));
+                tx.send(Err(Error::Poisoned));
             }
             return;
         }
@@ -251,21 +290,21 @@ impl Writer {
                 Err(e @ Error::Index(_)) => {
                     // The overlay may be half-applied: fail the whole batch.
                     self.poison(&e);
-                    let _ = tx.send(Err(e));
+                    tx.send(Err(e));
                     for (tx, _) in acks {
-                        let _ = tx.send(Err(Error::Poisoned));
+                        tx.send(Err(Error::Poisoned));
                     }
                     return;
                 }
                 Err(e) => {
-                    let _ = tx.send(Err(e));
+                    tx.send(Err(e));
                 }
             }
         }
         if let Err(e) = self.write_and_sync(&buf, force_sync) {
             self.poison(&e);
             for (tx, _) in acks {
-                let _ = tx.send(Err(Error::Poisoned));
+                tx.send(Err(Error::Poisoned));
             }
             return;
         }
@@ -300,7 +339,7 @@ impl Writer {
         if let Err(e) = retired {
             self.poison(&e);
             for (tx, _) in acks {
-                let _ = tx.send(Err(Error::Poisoned));
+                tx.send(Err(Error::Poisoned));
             }
             return;
         }
@@ -311,7 +350,7 @@ impl Writer {
         c.last_lsn.store(last_lsn, Ordering::Release);
         self.shared.commits.send_replace(last_lsn);
         for (tx, reply) in acks {
-            let _ = tx.send(Ok(reply));
+            tx.send(Ok(reply));
         }
     }
 

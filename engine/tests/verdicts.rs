@@ -598,3 +598,36 @@ fn tokio_runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+#[test]
+fn async_append_matches_blocking_append() {
+    let f = open();
+    let (_, s) = stream(&f.engine, "s", None);
+    let rt = tokio_runtime();
+    let batch = |p: &str| Append {
+        session: "s".into(),
+        stream: s,
+        expected_next_seq: Some(1),
+        events: vec![NewEvent::new("k", p.as_bytes().to_vec())],
+    };
+    let a = rt.block_on(f.engine.append_async(batch("x"))).unwrap();
+    assert_eq!((a.first_seq, a.duplicate), (1, false));
+    let again = rt.block_on(f.engine.append_async(batch("x"))).unwrap();
+    assert!(again.duplicate, "idempotent retry through the async path");
+    assert!(matches!(
+        rt.block_on(f.engine.append_async(batch("y"))),
+        Err(Error::SeqConflict { .. })
+    ));
+    let empty = Append {
+        events: vec![],
+        ..batch("x")
+    };
+    assert!(matches!(
+        rt.block_on(f.engine.append_async(empty)),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert_eq!(
+        f.engine.read("s", s, 0, 10).unwrap().events[0].payload,
+        b"x"
+    );
+}
