@@ -2,29 +2,20 @@
 //! them is retained, and metadata outlives the data so late cursors get precise verdicts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::new_stream as open_stream;
+
 use std::path::Path;
 use std::time::Duration;
 
-use cursorlog_engine::{Append, Config, Cursor, Engine, NewEvent, OpenStream, Verdict};
+use cursorlog_engine::{Append, Config, Cursor, Engine, NewEvent, Verdict};
 
 fn config(dir: &Path) -> Config {
     let mut c = Config::new(dir);
     c.segment_bytes_max = 4096;
     c.retention.check_interval = Duration::from_secs(3600);
     c
-}
-
-fn open_stream(e: &Engine, session: &str, correlation: Option<&str>) -> (u64, u64) {
-    let s = e.open_session(session).unwrap();
-    let st = e
-        .open_stream(OpenStream {
-            session: session.into(),
-            epoch: s.epoch,
-            correlation: correlation.map(Into::into),
-            lease_ms: None,
-        })
-        .unwrap();
-    (st.epoch, st.stream)
 }
 
 fn fill(e: &Engine, session: &str, stream: u64, n: usize) {

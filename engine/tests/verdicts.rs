@@ -2,6 +2,10 @@
 //! verdict, its facts, and that nothing is replayed where replay is forbidden.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::new_stream as stream;
+
 use cursorlog_engine::{
     Append, Config, Cursor, Engine, Error, NewEvent, OpenStream, StreamState, Verdict,
 };
@@ -15,19 +19,6 @@ fn open() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(Config::new(dir.path())).unwrap();
     Fixture { _dir: dir, engine }
-}
-
-fn stream(e: &Engine, session: &str, correlation: Option<&str>) -> (u64, u64) {
-    let s = e.open_session(session).unwrap();
-    let st = e
-        .open_stream(OpenStream {
-            session: session.into(),
-            epoch: s.epoch,
-            correlation: correlation.map(Into::into),
-            lease_ms: None,
-        })
-        .unwrap();
-    (st.epoch, st.stream)
 }
 
 fn append(e: &Engine, session: &str, stream: u64, n: usize) -> Cursor {

@@ -717,30 +717,24 @@ async fn auth_token_is_required_when_configured() {
         .await;
     assert_eq!(r.unwrap_err().code(), Code::Unauthenticated);
 
-    let mut wrong = pb::cursor_log_client::CursorLogClient::with_interceptor(
-        channel.clone(),
-        |mut req: tonic::Request<()>| {
-            req.metadata_mut()
-                .insert("authorization", "Bearer guess".parse().unwrap());
-            Ok(req)
-        },
-    );
-    let r = wrong
+    let with_token = |token: &'static str| {
+        pb::cursor_log_client::CursorLogClient::with_interceptor(
+            channel.clone(),
+            move |mut req: tonic::Request<()>| {
+                req.metadata_mut()
+                    .insert("authorization", format!("Bearer {token}").parse().unwrap());
+                Ok(req)
+            },
+        )
+    };
+    let r = with_token("guess")
         .open_session(pb::OpenSessionRequest {
             session: "s".into(),
         })
         .await;
     assert_eq!(r.unwrap_err().code(), Code::Unauthenticated);
 
-    let mut good = pb::cursor_log_client::CursorLogClient::with_interceptor(
-        channel.clone(),
-        |mut req: tonic::Request<()>| {
-            req.metadata_mut()
-                .insert("authorization", "Bearer s3cret".parse().unwrap());
-            Ok(req)
-        },
-    );
-    let r = good
+    let r = with_token("s3cret")
         .open_session(pb::OpenSessionRequest {
             session: "s".into(),
         })
