@@ -115,6 +115,16 @@ impl Engine {
         let Some(stream) = index.outcome_stream(session, correlation)? else {
             return Ok(None);
         };
+        self.stream_outcome(session, stream)
+    }
+
+    /// The outcome of `stream`, addressed by id; `None` unless `session` owns it (another
+    /// session's stream is never revealed).
+    ///
+    /// # Errors
+    /// Index failures.
+    pub fn stream_outcome(&self, session: &str, stream: u64) -> Result<Option<Outcome>> {
+        let index = &self.inner.shared.index;
         let Ok(meta) = self.owned_stream(session, stream) else {
             return Ok(None);
         };

@@ -86,6 +86,10 @@ pub struct Facts {
     pub session_expired: bool,
     /// Why it ended (for terminal streams) or why a cursor is malformed.
     pub detail: Option<String>,
+    /// The JSON-RPC request id the cursor's stream answers (its `OpenStream` correlation),
+    /// so a front-end can address an error or outcome to the client's pending call. Only
+    /// for streams of the presenting session.
+    pub correlation: Option<String>,
 }
 
 /// A verdict with its cursor and facts.
@@ -185,6 +189,7 @@ pub fn decide(
         watermark: Some(stream.watermark),
         session_expired: false,
         detail: stream.end_reason.clone(),
+        correlation: stream.correlation.clone(),
     };
     let verdict = if declared_stream.is_some_and(|d| d != cursor.stream) {
         Verdict::StreamMismatch

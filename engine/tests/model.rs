@@ -477,6 +477,7 @@ impl Model {
             watermark: Some(st.watermark),
             session_expired: false,
             detail: st.end_reason.clone(),
+            correlation: st.correlation.clone(),
         };
         let verdict = if declared.is_some_and(|d| d != stream) {
             Verdict::StreamMismatch

@@ -106,8 +106,17 @@ fn epoch_mismatch_for_older_and_newer_epochs() {
 #[test]
 fn unknown_cursor_for_missing_stream_and_other_sessions_stream() {
     let f = open();
-    let (epoch_a, a) = stream(&f.engine, "A", None);
+    let (epoch_a, a) = stream(&f.engine, "A", Some("req-1"));
     let ca = append(&f.engine, "A", a, 3);
+    assert_eq!(
+        f.engine
+            .resolve("A", &ca.to_string(), None)
+            .unwrap()
+            .facts
+            .correlation
+            .as_deref(),
+        Some("req-1")
+    );
     let (epoch_b, _) = stream(&f.engine, "B", None);
     assert_eq!(epoch_a, epoch_b);
     // Session A's cursor presented under session B: the same answer as a stream that does
@@ -124,6 +133,7 @@ fn unknown_cursor_for_missing_stream_and_other_sessions_stream() {
         "nothing reveals that the stream exists elsewhere"
     );
     assert_eq!(cross.facts.head, None);
+    assert_eq!(cross.facts.correlation, None, "nor the request id");
     // Nor can B read or append to A's stream.
     assert!(matches!(
         f.engine.read("B", a, 0, 10),
@@ -229,11 +239,22 @@ fn stream_terminated_before_terminal_seq_points_to_the_outcome() {
         .unwrap();
     assert_eq!(r.verdict, Verdict::StreamTerminated);
     assert!(r.missed_terminal_frame());
+    assert_eq!(
+        r.facts.correlation.as_deref(),
+        Some("req-9"),
+        "the verdict names the request the stream answers"
+    );
     let o = f
         .engine
         .outcome("s", "req-9")
         .unwrap()
         .expect("outcome by correlation id");
+    assert_eq!(f.engine.stream_outcome("s", s).unwrap().as_ref(), Some(&o));
+    assert_eq!(
+        f.engine.stream_outcome("other", s).unwrap(),
+        None,
+        "by stream id too, another session's outcome is never revealed"
+    );
     assert_eq!(o.stream, s);
     assert_eq!(o.state, StreamState::Completed);
     assert_eq!(o.terminal_seq, Some(4));

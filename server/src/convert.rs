@@ -123,6 +123,7 @@ pub fn resolution(resolution: &engine::Resolution) -> pb::Resolution {
         session_expired: facts.session_expired,
         detail: facts.detail.clone(),
         missed_terminal_frame: resolution.missed_terminal_frame(),
+        correlation: facts.correlation.clone(),
     }
 }
 
@@ -236,6 +237,7 @@ mod tests {
                 watermark: Some(1),
                 session_expired: false,
                 detail: None,
+                correlation: Some("7".into()),
             },
         };
         let p = resolution(&r);
@@ -243,6 +245,7 @@ mod tests {
         assert!(p.missed_terminal_frame);
         assert_eq!(p.stream_state(), pb::StreamState::Completed);
         assert_eq!(p.cursor.unwrap().seq, 2);
+        assert_eq!(p.correlation.as_deref(), Some("7"));
         assert_eq!(p.terminal_seq, Some(5));
     }
 }

@@ -272,10 +272,18 @@ impl CursorLog for CursorLogService {
     ) -> Result<Response<pb::GetOutcomeResponse>, Status> {
         let r = request.into_inner();
         let session = convert::required_str("session", r.session)?;
-        let correlation = convert::required_str("correlation", r.correlation)?;
-        let outcome = self
-            .blocking(move |e| e.outcome(&session, &correlation))
-            .await?;
+        let outcome = match r.stream {
+            Some(stream) => {
+                let stream = convert::required_id("stream", stream)?;
+                self.blocking(move |e| e.stream_outcome(&session, stream))
+                    .await?
+            }
+            None => {
+                let correlation = convert::required_str("correlation", r.correlation)?;
+                self.blocking(move |e| e.outcome(&session, &correlation))
+                    .await?
+            }
+        };
         Ok(Response::new(convert::outcome(outcome)))
     }
 

@@ -201,6 +201,7 @@ async fn append_is_idempotent_and_complete_is_terminal() {
         .get_outcome(pb::GetOutcomeRequest {
             session: "s".into(),
             correlation: "req-1".into(),
+            stream: None,
         })
         .await
         .unwrap()
@@ -222,11 +223,39 @@ async fn append_is_idempotent_and_complete_is_terminal() {
         .get_outcome(pb::GetOutcomeRequest {
             session: "s".into(),
             correlation: "req-404".into(),
+            stream: None,
         })
         .await
         .unwrap()
         .into_inner();
     assert!(!missing.found && missing.outcome.is_none());
+
+    // The same outcome addressed by stream id; another session's stream is never revealed.
+    let by_stream = c
+        .get_outcome(pb::GetOutcomeRequest {
+            session: "s".into(),
+            correlation: String::new(),
+            stream: Some(stream),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_stream.outcome.unwrap().frame.unwrap().seq, 4);
+    c.open_session(pb::OpenSessionRequest {
+        session: "other".into(),
+    })
+    .await
+    .unwrap();
+    let foreign = c
+        .get_outcome(pb::GetOutcomeRequest {
+            session: "other".into(),
+            correlation: String::new(),
+            stream: Some(stream),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!foreign.found && foreign.outcome.is_none());
 
     // Once finished, the stream's frames are never replayed, not even from its start: the
     // client reconciles from the outcome instead.
@@ -313,6 +342,7 @@ async fn abort_keep_alive_and_unknown_streams() {
         .get_outcome(pb::GetOutcomeRequest {
             session: "s".into(),
             correlation: "req-2".into(),
+            stream: None,
         })
         .await
         .unwrap()
@@ -604,6 +634,7 @@ async fn invalid_arguments_name_the_field() {
         .get_outcome(pb::GetOutcomeRequest {
             session: "s".into(),
             correlation: String::new(),
+            stream: None,
         })
         .await;
     assert_status(r, Code::InvalidArgument, "correlation");

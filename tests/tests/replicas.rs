@@ -185,6 +185,7 @@ async fn terminal_cursor_of_a_finished_stream_replays_nothing() {
         .get_outcome(pb::GetOutcomeRequest {
             session: session.into(),
             correlation: "tools/call-1".into(),
+            stream: None,
         })
         .await
         .unwrap()
@@ -244,6 +245,7 @@ async fn lease_expiry_aborts_the_stream_for_followers() {
         .get_outcome(pb::GetOutcomeRequest {
             session: session.into(),
             correlation: "slow-call".into(),
+            stream: None,
         })
         .await
         .unwrap()
