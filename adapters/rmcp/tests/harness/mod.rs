@@ -1,0 +1,284 @@
+//! Test harness: real `cursorlog`, real rmcp replicas (`cursorlog-rmcp-demo`), a TCP proxy
+//! standing in for a load balancer without affinity, and rmcp's own client.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::{NotificationContext, RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use cursorlog_tests::{pb, Server};
+
+/// One rmcp server process using the cursorlog adapter. Killed when dropped.
+#[derive(Debug)]
+pub struct Replica {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Replica {
+    pub fn start(cursorlog: &Server, exec_log: &Path, lease_ms: u64) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cursorlog-rmcp-demo"))
+            .args(["--listen", "127.0.0.1:0", "--sse-retry-ms", "200"])
+            .arg("--cursorlog")
+            .arg(format!("http://{}", cursorlog.addr))
+            .arg("--exec-log")
+            .arg(exec_log)
+            .arg("--lease-ms")
+            .arg(lease_ms.to_string())
+            .env("RUST_LOG", "info,cursorlog_rmcp=debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start cursorlog-rmcp-demo");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line from the replica: {line:?}"));
+        let addr = url.trim_end_matches("/mcp").parse().unwrap();
+        Self { child, addr }
+    }
+
+    /// SIGKILL: the replica dies mid-call, leases and all.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A TCP proxy in front of the replicas. It forwards each new connection to the current
+/// backend; it can cut every live connection, hold new ones until released, and rewrite the
+/// `Last-Event-ID` of a request (to present a foreign cursor).
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    pub addr: SocketAddr,
+    state: Arc<ProxyState>,
+}
+
+#[derive(Debug)]
+struct ProxyState {
+    backend: Mutex<SocketAddr>,
+    open: watch::Sender<bool>,
+    live: Mutex<Vec<JoinHandle<()>>>,
+    rewrite: Mutex<Option<String>>,
+    resumes: Mutex<Vec<String>>,
+}
+
+impl Proxy {
+    pub async fn start(backend: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ProxyState {
+            backend: Mutex::new(backend),
+            open: watch::channel(true).0,
+            live: Mutex::default(),
+            rewrite: Mutex::default(),
+            resumes: Mutex::default(),
+        });
+        let accept_state = state.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let state = accept_state.clone();
+                let task = tokio::spawn(forward(socket, state));
+                accept_state.live.lock().unwrap().push(task);
+            }
+        });
+        Self { addr, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// Drops every live connection (both directions), like a load balancer losing a node.
+    pub fn cut(&self) {
+        for task in self.state.live.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// New connections wait until [`Proxy::release_to`].
+    pub fn hold(&self) {
+        self.state.open.send_replace(false);
+    }
+
+    /// Routes new connections (and the held ones) to `backend`.
+    pub fn release_to(&self, backend: SocketAddr) {
+        *self.state.backend.lock().unwrap() = backend;
+        self.state.open.send_replace(true);
+    }
+
+    /// Replaces the `Last-Event-ID` of later requests with `cursor`.
+    pub fn rewrite_last_event_id(&self, cursor: &str) {
+        *self.state.rewrite.lock().unwrap() = Some(cursor.to_owned());
+    }
+
+    /// The `Last-Event-ID`s that went through (after any rewrite).
+    pub fn resumes(&self) -> Vec<String> {
+        self.state.resumes.lock().unwrap().clone()
+    }
+}
+
+async fn forward(mut client: TcpStream, state: Arc<ProxyState>) {
+    let mut open = state.open.subscribe();
+    if open.wait_for(|o| *o).await.is_err() {
+        return;
+    }
+    let backend = *state.backend.lock().unwrap();
+    let Ok(mut server) = TcpStream::connect(backend).await else {
+        return;
+    };
+    // Look at the request head to see (and maybe rewrite) Last-Event-ID.
+    let mut buf = vec![0u8; 64 * 1024];
+    let Ok(n) = client.read(&mut buf).await else {
+        return;
+    };
+    let head = rewrite_head(&buf[..n], &state);
+    if server.write_all(&head).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+}
+
+fn rewrite_head(bytes: &[u8], state: &ProxyState) -> Vec<u8> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return bytes.to_vec();
+    };
+    let rewrite = state.rewrite.lock().unwrap().clone();
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive("\r\n") {
+        match line.split_once(':') {
+            Some((name, value)) if name.eq_ignore_ascii_case("last-event-id") => {
+                let cursor = rewrite.clone().unwrap_or_else(|| value.trim().to_owned());
+                state.resumes.lock().unwrap().push(cursor.clone());
+                out.push_str(&format!("{name}: {cursor}\r\n"));
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out.into_bytes()
+}
+
+/// An rmcp client handler that records progress messages.
+#[derive(Debug, Clone, Default)]
+pub struct Recorder {
+    pub progress: Arc<Mutex<Vec<String>>>,
+}
+
+impl ClientHandler for Recorder {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let message = params.message.unwrap_or_default();
+        self.progress.lock().unwrap().push(message);
+    }
+}
+
+impl Recorder {
+    pub fn seen(&self) -> Vec<String> {
+        self.progress.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` progress messages arrived.
+    pub async fn wait_for(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.seen().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "only {:?} progress arrived",
+                self.seen()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+pub async fn connect(url: &str) -> (Recorder, RunningService<RoleClient, Recorder>) {
+    let recorder = Recorder::default();
+    let client = recorder
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(url.to_owned()))
+        .await
+        .expect("rmcp client connects and initializes");
+    (recorder, client)
+}
+
+/// Starts `countdown {steps, delay_ms}` in the background; the handle yields the result text
+/// or the JSON-RPC error.
+pub fn call_countdown(
+    client: &RunningService<RoleClient, Recorder>,
+    steps: u64,
+    delay_ms: u64,
+) -> JoinHandle<Result<String, rmcp::model::ErrorData>> {
+    let peer = client.peer().clone();
+    tokio::spawn(async move {
+        let args = serde_json::json!({"steps": steps, "delay_ms": delay_ms});
+        let serde_json::Value::Object(args) = args else {
+            unreachable!()
+        };
+        match peer
+            .call_tool(CallToolRequestParams::new("countdown").with_arguments(args))
+            .await
+        {
+            Ok(result) => Ok(result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                .collect::<Vec<_>>()
+                .join("")),
+            Err(ServiceError::McpError(e)) => Err(e),
+            Err(other) => panic!("call failed outside JSON-RPC: {other}"),
+        }
+    })
+}
+
+/// The progress messages `countdown` sends for `steps`.
+pub fn expected_progress(steps: u64) -> Vec<String> {
+    (1..=steps)
+        .map(|i| format!("step {i} of {steps}"))
+        .collect()
+}
+
+/// Execution log lines (`countdown session=… id=…`).
+pub fn executions(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The MCP session id of the only execution so far.
+pub fn session_of_first_execution(path: &Path) -> String {
+    let line = executions(path).into_iter().next().expect("one execution");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("session="))
+        .expect("session in the exec log")
+        .to_owned()
+}
+
+pub fn exec_log(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("exec.log")
+}
