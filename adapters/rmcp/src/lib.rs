@@ -31,6 +31,8 @@ use std::time::Duration;
 
 use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::{Channel, Endpoint};
 
 pub use error::{Error, Result};
@@ -39,7 +41,26 @@ pub use session::{CursorlogSessionManager, CursorlogSessionStore};
 pub use store::CursorlogEventStore;
 
 /// The gRPC client the adapter uses (cheap to clone: one HTTP/2 channel).
-pub(crate) type Client = CursorLogClient<Channel>;
+pub(crate) type Client = CursorLogClient<InterceptedService<Channel, BearerToken>>;
+
+/// Adds `authorization: Bearer <token>` to every call when cursorlog requires a token
+/// (`cursorlog serve --auth-token`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BearerToken(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
 
 /// How long [`Cursorlog::connect`] waits for cursorlog to answer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,7 +91,8 @@ impl Default for AdapterConfig {
 /// A connection to cursorlog, from which the rmcp session manager and session store are made.
 #[derive(Debug, Clone)]
 pub struct Cursorlog {
-    client: Client,
+    channel: Channel,
+    token: BearerToken,
 }
 
 impl Cursorlog {
@@ -96,13 +118,33 @@ impl Cursorlog {
     /// Uses an existing channel (for TLS or custom settings).
     pub fn from_channel(channel: Channel) -> Self {
         Self {
-            client: CursorLogClient::new(channel),
+            channel,
+            token: BearerToken::default(),
         }
+    }
+
+    /// Sends `authorization: Bearer <token>` on every call, for a cursorlog started with
+    /// `--auth-token`.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] if the token is not a valid header value (visible ASCII).
+    pub fn with_token(self, token: &str) -> Result<Self> {
+        let value = format!("Bearer {token}")
+            .parse::<MetadataValue<Ascii>>()
+            .map_err(|_| Error::Protocol("the bearer token must be visible ASCII".into()))?;
+        Ok(Self {
+            token: BearerToken(Some(value)),
+            ..self
+        })
+    }
+
+    fn client(&self) -> Client {
+        CursorLogClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
 
     /// The rmcp session manager: sessions in process, their events in cursorlog.
     pub fn session_manager(&self, config: AdapterConfig) -> CursorlogSessionManager {
-        let store = CursorlogEventStore::new(self.client.clone(), config.lease);
+        let store = CursorlogEventStore::new(self.client(), config.lease);
         let mut local =
             LocalSessionManager::default().with_event_store(std::sync::Arc::new(store.clone()));
         local.session_config = config.session;
@@ -115,6 +157,6 @@ impl Cursorlog {
     /// The rmcp session store (`StreamableHttpServerConfig::session_store`), so a replica can
     /// restore a session another replica created.
     pub fn session_store(&self) -> CursorlogSessionStore {
-        CursorlogSessionStore::new(self.client.clone())
+        CursorlogSessionStore::new(self.client())
     }
 }

@@ -352,3 +352,56 @@ async fn renew_lease(client: Client, session: String, stream: u64, lease: Durati
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{ErrorCode, ErrorData};
+
+    fn unreachable_store() -> CursorlogEventStore {
+        // Nothing listens there: the paths under test must refuse before any call.
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
+        CursorlogEventStore::new(
+            cursorlog_proto::v1::cursor_log_client::CursorLogClient::with_interceptor(
+                channel,
+                crate::BearerToken::default(),
+            ),
+            None,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_stream_no_session_manager_bound_is_refused_not_guessed() {
+        let store = unreachable_store();
+        let event = ServerSseMessage::from_message(ServerJsonRpcMessage::error(
+            ErrorData::new(ErrorCode(-1), "x", None),
+            None,
+        ));
+        let err = store
+            .store_event("0b5a2c1e-uuid-of-a-post-stream", &event)
+            .await
+            .expect_err("an unbound stream has no session to live in");
+        let err = err.downcast::<Error>().expect("the adapter's error");
+        assert!(matches!(*err, Error::UnboundStream { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn replay_without_a_session_is_refused() {
+        let store = unreachable_store();
+        assert!(store.replay_events_after("1-2-3.n1").await.is_err());
+    }
+
+    #[test]
+    fn only_the_response_to_the_streams_own_request_is_terminal() {
+        let ok =
+            |id| ServerJsonRpcMessage::error(ErrorData::new(ErrorCode(-1), "x", None), Some(id));
+        let own = RequestId::Number(4);
+        assert!(answers(&ok(RequestId::Number(4)), Some(&own)));
+        assert!(!answers(&ok(RequestId::Number(5)), Some(&own)));
+        assert!(!answers(&ok(RequestId::String("4".into())), Some(&own)));
+        assert!(
+            !answers(&ok(RequestId::Number(4)), None),
+            "standalone streams never end"
+        );
+    }
+}

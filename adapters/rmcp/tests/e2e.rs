@@ -255,6 +255,35 @@ async fn another_sessions_cursor_ends_the_call_and_reveals_nothing() {
         "nothing about X's stream"
     );
     assert!(py.resumes().contains(&x_cursor));
+
+    // Both calls had JSON-RPC id 1; in cursorlog they are different streams, each in its own
+    // session, and Y's session cannot even name X's.
+    let sessions = harness::execution_sessions(&log);
+    assert_eq!(sessions.len(), 2);
+    assert_ne!(sessions[0], sessions[1]);
+    let mut grpc = cl.client().await;
+    let y_stream = grpc
+        .get_outcome(pb::GetOutcomeRequest {
+            session: sessions[1].clone(),
+            correlation: "1".into(),
+            stream: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .outcome
+        .expect("Y's call has its own stream");
+    assert_ne!(y_stream.stream, x_stream.stream);
+    let foreign = grpc
+        .get_outcome(pb::GetOutcomeRequest {
+            session: sessions[1].clone(),
+            correlation: String::new(),
+            stream: Some(x_stream.stream),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!foreign.found, "X's stream does not exist for Y");
     assert!(
         y_progress.seen().iter().all(|m| m.ends_with("of 5")),
         "none of X's events reached Y: {:?}",
@@ -308,4 +337,29 @@ async fn killed_producer_ends_the_resumed_call_with_the_aborted_error_within_the
     assert!(progress.seen().len() < 100);
     assert_eq!(executions(&log).len(), 1, "B did not re-run the tool");
     client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_protected_cursorlog_works_with_the_token_and_refuses_without() {
+    let cl = Server::start(&["--auth-token", "s3cret"]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = harness::exec_log(&dir);
+    let a = Replica::start_with_token(&cl, &log, 10_000, Some("s3cret"));
+    let (progress, client) = connect(&format!("http://{}/mcp", a.addr)).await;
+    let result = tokio::time::timeout(CALL_TIMEOUT, call_countdown(&client, 2, 10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(result.as_deref(), Ok("countdown of 2 done"));
+    assert_eq!(progress.seen(), expected_progress(2));
+    client.cancel().await.unwrap();
+
+    // Without the token the replica cannot open the session, and the client is told so.
+    let b = Replica::start(&cl, &log, 10_000);
+    let refused = rmcp::ServiceExt::serve(
+        harness::Recorder::default(),
+        rmcp::transport::StreamableHttpClientTransport::from_uri(format!("http://{}/mcp", b.addr)),
+    )
+    .await;
+    assert!(refused.is_err(), "initialize must fail without cursorlog");
 }

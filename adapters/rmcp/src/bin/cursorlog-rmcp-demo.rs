@@ -31,6 +31,9 @@ struct Args {
     /// cursorlog's gRPC endpoint.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     cursorlog: String,
+    /// Bearer token, when cursorlog runs with `--auth-token`.
+    #[arg(long, env = "CURSORLOG_AUTH_TOKEN")]
+    cursorlog_token: Option<String>,
     /// Append one line per tool execution to this file.
     #[arg(long)]
     exec_log: Option<PathBuf>,
@@ -152,7 +155,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let cursorlog = Cursorlog::connect(args.cursorlog.clone()).await?;
+    let mut cursorlog = Cursorlog::connect(args.cursorlog.clone()).await?;
+    if let Some(token) = &args.cursorlog_token {
+        cursorlog = cursorlog.with_token(token)?;
+    }
     let mut adapter = AdapterConfig {
         lease: (args.lease_ms > 0).then(|| Duration::from_millis(args.lease_ms)),
         ..AdapterConfig::default()

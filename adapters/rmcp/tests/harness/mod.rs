@@ -29,7 +29,21 @@ pub struct Replica {
 
 impl Replica {
     pub fn start(cursorlog: &Server, exec_log: &Path, lease_ms: u64) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cursorlog-rmcp-demo"))
+        Self::start_with_token(cursorlog, exec_log, lease_ms, None)
+    }
+
+    pub fn start_with_token(
+        cursorlog: &Server,
+        exec_log: &Path,
+        lease_ms: u64,
+        token: Option<&str>,
+    ) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cursorlog-rmcp-demo"));
+        command.env_remove("CURSORLOG_AUTH_TOKEN");
+        if let Some(token) = token {
+            command.arg("--cursorlog-token").arg(token);
+        }
+        let mut child = command
             .args(["--listen", "127.0.0.1:0", "--sse-retry-ms", "200"])
             .arg("--cursorlog")
             .arg(format!("http://{}", cursorlog.addr))
@@ -270,13 +284,25 @@ pub fn executions(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The MCP session id of the only execution so far.
+/// The MCP session id of each execution so far.
+pub fn execution_sessions(path: &Path) -> Vec<String> {
+    executions(path)
+        .iter()
+        .map(|line| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix("session="))
+                .expect("session in the exec log")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The MCP session id of the first execution.
 pub fn session_of_first_execution(path: &Path) -> String {
-    let line = executions(path).into_iter().next().expect("one execution");
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("session="))
-        .expect("session in the exec log")
-        .to_owned()
+    execution_sessions(path)
+        .into_iter()
+        .next()
+        .expect("one execution")
 }
 
 pub fn exec_log(dir: &tempfile::TempDir) -> PathBuf {
