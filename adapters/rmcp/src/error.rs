@@ -42,6 +42,9 @@ pub enum Error {
     /// cursorlog answered something the API does not allow (a bug on one side).
     #[error("unexpected answer from cursorlog: {0}")]
     Protocol(String),
+    /// Resuming a stream failed (cursorlog unreachable, or an answer it should not give).
+    #[error("resume failed: {0}")]
+    Resume(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The in-process rmcp session manager failed.
     #[error(transparent)]
     Local(#[from] LocalSessionManagerError),

@@ -119,7 +119,11 @@ impl SessionManager for CursorlogSessionManager {
             let fresh = self.local.create_standalone_stream(id).await?;
             return Ok(fresh.left_stream());
         }
-        let resumed = self.store.resume(id, &last_event_id).await?;
+        let resumed = self
+            .store
+            .resume(id, &last_event_id)
+            .await
+            .map_err(Error::Resume)?;
         Ok(resumed.right_stream())
     }
 

@@ -31,6 +31,12 @@ use crate::event_id;
 use crate::replay;
 use crate::Client;
 
+tokio::task_local! {
+    /// The MCP session presenting a `Last-Event-ID`, set by the session manager around
+    /// `replay_events_after`.
+    static PRESENTING_SESSION: String;
+}
+
 /// The suffix rmcp gives its standalone (GET) stream ids: `{session_id}:common`.
 const COMMON_SUFFIX: &str = ":common";
 
@@ -143,9 +149,16 @@ impl CursorlogEventStore {
         }
     }
 
-    /// Resumes after `last_event_id` in `session`: the verdict decides what the client gets.
-    pub(crate) async fn resume(&self, session: &str, last_event_id: &str) -> Result<EventStream> {
-        replay::resume(self.client(), session, last_event_id).await
+    /// Resumes after `last_event_id` in `session` through the `EventStore` trait: the
+    /// verdict decides what the client gets.
+    pub(crate) async fn resume(
+        &self,
+        session: &str,
+        last_event_id: &str,
+    ) -> std::result::Result<EventStream, EventStoreError> {
+        PRESENTING_SESSION
+            .scope(session.to_owned(), self.replay_events_after(last_event_id))
+            .await
     }
 
     async fn binding(&self, stream_id: &str) -> Result<Binding> {
@@ -289,14 +302,26 @@ impl EventStore for CursorlogEventStore {
         })
     }
 
-    /// Without the session this cannot be answered safely (a cursor is only meaningful inside
-    /// its session), so it refuses; [`crate::CursorlogSessionManager::resume`] is the path
-    /// rmcp takes for sessions. rmcp calls this only for 2026-07-28 stateless traffic, whose
-    /// spec says `Last-Event-ID` is to be ignored.
+    /// Replays the events after `last_event_id` and then follows the stream live, whichever
+    /// replica appends to it, until its terminal frame; or answers the verdict that forbids it
+    /// (see [`crate::replay`]).
+    ///
+    /// The cursor is judged inside the session that presents it, which rmcp does not pass
+    /// here: [`crate::CursorlogSessionManager::resume`] supplies it. Called any other way (rmcp's
+    /// `LocalSessionManager`, or 2026-07-28 stateless traffic, whose spec says `Last-Event-ID`
+    /// is to be ignored) there is no session, and it refuses rather than guess one.
     async fn replay_events_after(
         &self,
         last_event_id: &str,
     ) -> std::result::Result<EventStream, EventStoreError> {
+        if let Ok(session) = PRESENTING_SESSION.try_with(String::clone) {
+            return replay::resume(self.client(), &session, last_event_id)
+                .await
+                .map_err(|e| {
+                    tracing::warn!(session, last_event_id, error = %e, "cursorlog: resume failed");
+                    Box::new(e) as EventStoreError
+                });
+        }
         tracing::warn!(
             last_event_id,
             "cursorlog: resume without an MCP session refused (stateless streams are not resumable)"
