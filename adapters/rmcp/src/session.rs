@@ -20,7 +20,6 @@ use rmcp::transport::streamable_http_server::session::{
     SessionStoreError,
 };
 use rmcp::transport::WorkerTransport;
-use tonic::Code;
 
 use crate::error::{Error, Result};
 use crate::store::{CursorlogEventStore, PendingStream};
@@ -219,21 +218,7 @@ impl CursorlogSessionStore {
     }
 
     async fn delete_state(&self, session_id: &str) -> Result<()> {
-        match self
-            .client
-            .clone()
-            .expire_session(pb::ExpireSessionRequest {
-                session: session_id.to_owned(),
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => Ok(()),
-            Err(status) => Err(Error::Rpc {
-                op: "ExpireSession",
-                status,
-            }),
-        }
+        crate::store::expire_session(self.client.clone(), session_id).await
     }
 }
 

@@ -133,20 +133,7 @@ impl CursorlogEventStore {
     pub(crate) async fn close_session(&self, session: &str) -> Result<()> {
         locked(&self.inner.bindings).retain(|_, b| b.session != session);
         locked(&self.inner.epochs).remove(session);
-        match self
-            .client()
-            .expire_session(pb::ExpireSessionRequest {
-                session: session.to_owned(),
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => Ok(()),
-            Err(status) => Err(Error::Rpc {
-                op: "ExpireSession",
-                status,
-            }),
-        }
+        expire_session(self.client(), session).await
     }
 
     /// Resumes after `last_event_id` in `session` through the `EventStore` trait: the
@@ -327,6 +314,23 @@ impl EventStore for CursorlogEventStore {
             "cursorlog: resume without an MCP session refused (stateless streams are not resumable)"
         );
         Err("cursorlog-rmcp resumes only inside an MCP session (legacy session mode)".into())
+    }
+}
+
+/// Expires `session` in cursorlog; an unknown or already expired session is fine.
+pub(crate) async fn expire_session(mut client: Client, session: &str) -> Result<()> {
+    match client
+        .expire_session(pb::ExpireSessionRequest {
+            session: session.to_owned(),
+        })
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => Ok(()),
+        Err(status) => Err(Error::Rpc {
+            op: "ExpireSession",
+            status,
+        }),
     }
 }
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use cursorlog_rmcp::{PRODUCER_ABORTED, RESUME_DISCONTINUITY};
 use harness::{
-    call_countdown, connect, executions, expected_progress, pb, session_of_first_execution, Proxy,
-    Replica, Server,
+    call_countdown, connect, executions, expected_progress, pb, session_of_first_execution,
+    Cluster, Proxy, Replica, Server,
 };
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,19 +55,16 @@ async fn head(cl: &Server, session: &str, outcome: &pb::Outcome) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_mid_call_resumes_on_the_other_replica_with_every_event_once() {
-    let cl = Server::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let log = harness::exec_log(&dir);
-    let a = Replica::start(&cl, &log, 10_000);
-    let b = Replica::start(&cl, &log, 10_000);
-    let proxy = Proxy::start(a.addr).await;
+    let c = Cluster::start(10_000);
+    let (cl, log) = (&c.cursorlog, &c.log);
+    let proxy = Proxy::start(c.a.addr).await;
     let (progress, client) = connect(&proxy.url()).await;
 
     let call = call_countdown(&client, 8, 150);
     progress.wait_for(2).await;
     // The load balancer loses A's connections; A keeps running the tool. New connections,
     // including the client's resumption, go to B, which never saw this session.
-    proxy.release_to(b.addr);
+    proxy.release_to(c.b.addr);
     proxy.cut();
 
     let result = tokio::time::timeout(CALL_TIMEOUT, call)
@@ -80,7 +77,7 @@ async fn cut_mid_call_resumes_on_the_other_replica_with_every_event_once() {
         expected_progress(8),
         "every progress notification exactly once, in order"
     );
-    assert_eq!(executions(&log).len(), 1, "the tool ran once");
+    assert_eq!(executions(log).len(), 1, "the tool ran once");
     let resumes = proxy.resumes();
     assert!(
         !resumes.is_empty(),
@@ -88,11 +85,11 @@ async fn cut_mid_call_resumes_on_the_other_replica_with_every_event_once() {
     );
 
     // A cursor at the terminal frame (the client has everything): a clean end, nothing sent.
-    let (session, outcome) = countdown_stream(&cl, &log).await;
+    let (session, outcome) = countdown_stream(cl, log).await;
     assert_eq!(outcome.state(), pb::StreamState::Completed);
     let terminal_id = format!("{}.n1", outcome.terminal_event_id.unwrap());
     let body = reqwest::Client::new()
-        .get(format!("http://{}/mcp", b.addr))
+        .get(format!("http://{}/mcp", c.b.addr))
         .header("Accept", "text/event-stream")
         .header("Mcp-Session-Id", &session)
         .header("Mcp-Protocol-Version", "2025-11-25")
@@ -112,12 +109,9 @@ async fn cut_mid_call_resumes_on_the_other_replica_with_every_event_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_while_away_delivers_only_the_terminal_frame() {
-    let cl = Server::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let log = harness::exec_log(&dir);
-    let a = Replica::start(&cl, &log, 10_000);
-    let b = Replica::start(&cl, &log, 10_000);
-    let proxy = Proxy::start(a.addr).await;
+    let c = Cluster::start(10_000);
+    let (cl, log) = (&c.cursorlog, &c.log);
+    let proxy = Proxy::start(c.a.addr).await;
     let (progress, client) = connect(&proxy.url()).await;
 
     let call = call_countdown(&client, 6, 100);
@@ -127,7 +121,7 @@ async fn finished_while_away_delivers_only_the_terminal_frame() {
     // A finishes the call while the client is away.
     let deadline = Instant::now() + CALL_TIMEOUT;
     loop {
-        let (_, outcome) = countdown_stream(&cl, &log).await;
+        let (_, outcome) = countdown_stream(cl, log).await;
         if outcome.state() == pb::StreamState::Completed {
             break;
         }
@@ -135,7 +129,7 @@ async fn finished_while_away_delivers_only_the_terminal_frame() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before = progress.seen();
-    proxy.release_to(b.addr);
+    proxy.release_to(c.b.addr);
 
     let result = tokio::time::timeout(CALL_TIMEOUT, call)
         .await
@@ -151,18 +145,15 @@ async fn finished_while_away_delivers_only_the_terminal_frame() {
         before,
         "a finished stream's frames are never replayed into a new stream; only its outcome"
     );
-    assert_eq!(executions(&log).len(), 1, "the tool ran once");
+    assert_eq!(executions(log).len(), 1, "the tool ran once");
     client.cancel().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_cursor_ends_the_call_with_an_explicit_error() {
-    let cl = Server::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let log = harness::exec_log(&dir);
-    let a = Replica::start(&cl, &log, 10_000);
-    let b = Replica::start(&cl, &log, 10_000);
-    let proxy = Proxy::start(a.addr).await;
+    let c = Cluster::start(10_000);
+    let (cl, log) = (&c.cursorlog, &c.log);
+    let proxy = Proxy::start(c.a.addr).await;
     let (progress, client) = connect(&proxy.url()).await;
 
     let call = call_countdown(&client, 40, 100);
@@ -170,14 +161,14 @@ async fn evicted_cursor_ends_the_call_with_an_explicit_error() {
     proxy.hold();
     proxy.cut();
     let seen = progress.seen().len() as u64;
-    let (session, outcome) = countdown_stream(&cl, &log).await;
+    let (session, outcome) = countdown_stream(cl, log).await;
     // Wait until A wrote well past what the client saw, then release it all.
     let deadline = Instant::now() + CALL_TIMEOUT;
-    let mut h = head(&cl, &session, &outcome).await;
+    let mut h = head(cl, &session, &outcome).await;
     while h < seen + 3 {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        h = head(&cl, &session, &outcome).await;
+        h = head(cl, &session, &outcome).await;
     }
     cl.client()
         .await
@@ -188,7 +179,7 @@ async fn evicted_cursor_ends_the_call_with_an_explicit_error() {
         })
         .await
         .unwrap();
-    proxy.release_to(b.addr);
+    proxy.release_to(c.b.addr);
 
     let error = tokio::time::timeout(CALL_TIMEOUT, call)
         .await
@@ -206,7 +197,7 @@ async fn evicted_cursor_ends_the_call_with_an_explicit_error() {
     assert_eq!(data["watermark"], h + 1);
     assert_eq!(progress.seen().len() as u64, seen, "nothing after the gap");
     assert_eq!(
-        executions(&log).len(),
+        executions(log).len(),
         1,
         "not re-run behind the client's back"
     );
@@ -215,31 +206,28 @@ async fn evicted_cursor_ends_the_call_with_an_explicit_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_sessions_cursor_ends_the_call_and_reveals_nothing() {
-    let cl = Server::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let log = harness::exec_log(&dir);
-    let a = Replica::start(&cl, &log, 10_000);
-    let b = Replica::start(&cl, &log, 10_000);
+    let c = Cluster::start(10_000);
+    let (cl, log) = (&c.cursorlog, &c.log);
 
     // Session X runs a call on A.
-    let px = Proxy::start(a.addr).await;
+    let px = Proxy::start(c.a.addr).await;
     let (x_progress, x) = connect(&px.url()).await;
     let x_call = call_countdown(&x, 7, 150);
     x_progress.wait_for(2).await;
-    let (_, x_stream) = countdown_stream(&cl, &log).await;
+    let (_, x_stream) = countdown_stream(cl, log).await;
     // The id X's client holds for its 2nd progress event (stream ids collide across sessions
     // in rmcp's request ids; cursorlog's never do).
     let x_cursor = format!("{}-{}-2.n1", x_stream.epoch, x_stream.stream);
 
     // Session Y runs its own call, loses its connection, and "resumes" with X's cursor.
-    let py = Proxy::start(a.addr).await;
+    let py = Proxy::start(c.a.addr).await;
     let (y_progress, y) = connect(&py.url()).await;
     let y_call = call_countdown(&y, 5, 150);
     y_progress.wait_for(1).await;
     py.hold();
     py.cut();
     py.rewrite_last_event_id(&x_cursor);
-    py.release_to(b.addr);
+    py.release_to(c.b.addr);
 
     let error = tokio::time::timeout(CALL_TIMEOUT, y_call)
         .await
@@ -258,7 +246,7 @@ async fn another_sessions_cursor_ends_the_call_and_reveals_nothing() {
 
     // Both calls had JSON-RPC id 1; in cursorlog they are different streams, each in its own
     // session, and Y's session cannot even name X's.
-    let sessions = harness::execution_sessions(&log);
+    let sessions = harness::execution_sessions(log);
     assert_eq!(sessions.len(), 2);
     assert_ne!(sessions[0], sessions[1]);
     let mut grpc = cl.client().await;
@@ -304,21 +292,18 @@ async fn another_sessions_cursor_ends_the_call_and_reveals_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_producer_ends_the_resumed_call_with_the_aborted_error_within_the_lease() {
     const LEASE_MS: u64 = 1_500;
-    let cl = Server::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let log = harness::exec_log(&dir);
-    let mut a = Replica::start(&cl, &log, LEASE_MS);
-    let b = Replica::start(&cl, &log, LEASE_MS);
-    let proxy = Proxy::start(a.addr).await;
+    let mut c = Cluster::start(LEASE_MS);
+    let log = &c.log;
+    let proxy = Proxy::start(c.a.addr).await;
     let (progress, client) = connect(&proxy.url()).await;
 
     let call = call_countdown(&client, 100, 100);
     progress.wait_for(2).await;
     proxy.hold();
-    a.kill();
+    c.a.kill();
     let killed = Instant::now();
     proxy.cut();
-    proxy.release_to(b.addr);
+    proxy.release_to(c.b.addr);
 
     let error = tokio::time::timeout(CALL_TIMEOUT, call)
         .await
@@ -335,7 +320,7 @@ async fn killed_producer_ends_the_resumed_call_with_the_aborted_error_within_the
         "ended {waited:?} after the kill; lease is {LEASE_MS} ms"
     );
     assert!(progress.seen().len() < 100);
-    assert_eq!(executions(&log).len(), 1, "B did not re-run the tool");
+    assert_eq!(executions(log).len(), 1, "B did not re-run the tool");
     client.cancel().await.unwrap();
 }
 
@@ -343,7 +328,7 @@ async fn killed_producer_ends_the_resumed_call_with_the_aborted_error_within_the
 async fn a_token_protected_cursorlog_works_with_the_token_and_refuses_without() {
     let cl = Server::start(&["--auth-token", "s3cret"]);
     let dir = tempfile::tempdir().unwrap();
-    let log = harness::exec_log(&dir);
+    let log = dir.path().join("exec.log");
     let a = Replica::start_with_token(&cl, &log, 10_000, Some("s3cret"));
     let (progress, client) = connect(&format!("http://{}/mcp", a.addr)).await;
     let result = tokio::time::timeout(CALL_TIMEOUT, call_countdown(&client, 2, 10))

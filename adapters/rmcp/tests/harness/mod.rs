@@ -305,6 +305,29 @@ pub fn session_of_first_execution(path: &Path) -> String {
         .expect("one execution")
 }
 
-pub fn exec_log(dir: &tempfile::TempDir) -> PathBuf {
-    dir.path().join("exec.log")
+/// One cursorlog and two replicas (A and B) sharing an execution log.
+#[derive(Debug)]
+pub struct Cluster {
+    pub cursorlog: Server,
+    pub a: Replica,
+    pub b: Replica,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn start(lease_ms: u64) -> Self {
+        let cursorlog = Server::start(&[]);
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("exec.log");
+        let a = Replica::start(&cursorlog, &log, lease_ms);
+        let b = Replica::start(&cursorlog, &log, lease_ms);
+        Self {
+            cursorlog,
+            a,
+            b,
+            log,
+            _dir: dir,
+        }
+    }
 }
