@@ -162,8 +162,8 @@ impl Out {
             self.cursor,
             verdict.as_str_name()
         );
-        self.error(RESUME_DISCONTINUITY, message, facts(r, &self.cursor))
-            .await;
+        let data = facts(r, &self.cursor, reason(verdict));
+        self.error(RESUME_DISCONTINUITY, message, data).await;
     }
 
     async fn aborted(
@@ -176,25 +176,72 @@ impl Out {
         let message = format!(
             "the server producing this response stopped before finishing ({}: {reason}); \
              the request may have partly run: reconcile, then re-issue it if needed",
-            state.as_str_name()
+            state_name(state)
         );
         self.error(PRODUCER_ABORTED, message, facts).await;
     }
 }
 
-/// The verdict's facts, for the error's `data`.
-fn facts(r: &pb::Resolution, cursor: &str) -> serde_json::Value {
-    json!({
+/// The verdict's facts, for the error's `data`: the same shape as the Python adapter's
+/// (`reason`, `verdict`, `cursor`, then only the facts cursorlog revealed).
+fn facts(r: &pb::Resolution, cursor: &str, reason: &str) -> serde_json::Value {
+    let mut data = json!({
+        "reason": reason,
         "verdict": r.verdict().as_str_name(),
-        "lastEventId": cursor,
-        "currentEpoch": r.current_epoch,
-        "streamState": r.stream_state.map(|_| r.stream_state().as_str_name()),
-        "head": r.head,
-        "terminalSeq": r.terminal_seq,
-        "watermark": r.watermark,
-        "sessionExpired": r.session_expired,
-        "detail": r.detail,
-    })
+        "cursor": cursor,
+    });
+    if let Some(e) = r.current_epoch {
+        data["current_epoch"] = json!(e);
+    }
+    if r.stream_state.is_some() {
+        data["state"] = json!(state_name(r.stream_state()));
+    }
+    if let Some(h) = r.head {
+        data["head"] = json!(h);
+    }
+    if let Some(w) = r.watermark {
+        data["watermark"] = json!(w);
+    }
+    if let Some(t) = r.terminal_seq {
+        data["terminal_seq"] = json!(t);
+    }
+    if let Some(d) = &r.detail {
+        data["detail"] = json!(d);
+    }
+    if r.session_expired {
+        data["session_expired"] = json!(true);
+    }
+    if r.missed_terminal_frame {
+        data["missed_terminal_frame"] = json!(true);
+    }
+    data
+}
+
+/// `ABORTED` for `STREAM_STATE_ABORTED`.
+fn state_name(state: pb::StreamState) -> &'static str {
+    let name = state.as_str_name();
+    name.strip_prefix("STREAM_STATE_").unwrap_or(name)
+}
+
+/// `data.reason` of a discontinuity, as in the Python adapter.
+fn reason(verdict: pb::Verdict) -> &'static str {
+    match verdict {
+        pb::Verdict::CursorEvicted => "cursor_evicted",
+        pb::Verdict::CursorAhead => "cursor_ahead",
+        pb::Verdict::UnknownCursor => "unknown_cursor",
+        pb::Verdict::MalformedCursor => "malformed_cursor",
+        pb::Verdict::UnknownSession => "unknown_session",
+        _ => "stream_mismatch",
+    }
+}
+
+/// `data.reason` of a stream that ended without answering.
+fn aborted_reason(state: pb::StreamState) -> &'static str {
+    if state == pb::StreamState::Superseded {
+        "stream_superseded"
+    } else {
+        "producer_aborted"
+    }
 }
 
 /// RESUMABLE: replay, then follow until the stream ends. A request stream that ends without
@@ -232,9 +279,9 @@ async fn follow(mut reader: tonic::Streaming<pb::ReadResponse>, out: Out, r: pb:
                 let state = end.state();
                 tracing::info!(cursor = %out.cursor, state = state.as_str_name(), reason = end.reason.as_deref(), "cursorlog: followed stream ended");
                 if !answered && out.request.is_some() && state != pb::StreamState::Completed {
-                    let mut f = facts(&r, &out.cursor);
-                    f["streamState"] = json!(state.as_str_name());
-                    f["terminalSeq"] = json!(end.terminal_seq);
+                    let mut f = facts(&r, &out.cursor, aborted_reason(state));
+                    f["state"] = json!(state_name(state));
+                    f["terminal_seq"] = json!(end.terminal_seq);
                     f["detail"] = json!(end.reason);
                     out.aborted(state, end.reason.as_deref(), f).await;
                 }
@@ -277,12 +324,9 @@ async fn terminated(client: Client, session: String, out: Out, r: pb::Resolution
         }
         Some(_) => {} // The client has the terminal frame: nothing lost, nothing to send.
         None if out.request.is_some() => {
-            out.aborted(
-                r.stream_state(),
-                r.detail.as_deref(),
-                facts(&r, &out.cursor),
-            )
-            .await;
+            let data = facts(&r, &out.cursor, aborted_reason(r.stream_state()));
+            out.aborted(r.stream_state(), r.detail.as_deref(), data)
+                .await;
         }
         None => {}
     }

@@ -194,6 +194,7 @@ async fn evicted_cursor_ends_the_call_with_an_explicit_error() {
     );
     let data = error.data.expect("the verdict's facts");
     assert_eq!(data["verdict"], "CURSOR_EVICTED");
+    assert_eq!(data["reason"], "cursor_evicted");
     assert_eq!(data["watermark"], h + 1);
     assert_eq!(progress.seen().len() as u64, seen, "nothing after the gap");
     assert_eq!(
@@ -237,6 +238,7 @@ async fn another_sessions_cursor_ends_the_call_and_reveals_nothing() {
     assert_eq!(error.code.0, RESUME_DISCONTINUITY);
     let data = error.data.expect("facts");
     assert_eq!(data["verdict"], "UNKNOWN_CURSOR");
+    assert_eq!(data["reason"], "unknown_cursor");
     assert_eq!(
         data["head"],
         serde_json::Value::Null,
@@ -314,7 +316,9 @@ async fn killed_producer_ends_the_resumed_call_with_the_aborted_error_within_the
     assert_eq!(error.code.0, PRODUCER_ABORTED, "{}", error.message);
     assert!(error.message.contains("lease"), "{}", error.message);
     let data = error.data.expect("facts");
-    assert_eq!(data["streamState"], "STREAM_STATE_ABORTED");
+    assert_eq!(data["state"], "ABORTED");
+    assert_eq!(data["reason"], "producer_aborted");
+    assert_eq!(data["detail"], "producer lease expired");
     assert!(
         waited < Duration::from_millis(LEASE_MS + 3_000),
         "ended {waited:?} after the kill; lease is {LEASE_MS} ms"

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# CI for the Python adapter (cursorlog-mcp). Idempotent; needs python3 >= 3.11 with venv, PyPI
+# access, and the cursorlog binary (cargo build -p cursorlog-server --bins).
+#
+#   bash adapters/python/ci.sh
+#
+# Environment: CARGO_TARGET_DIR (default <repo>/target) locates the binary and holds the venv
+# (<target>/py-venv); CURSORLOG_BIN overrides the binary; PYTEST_ARGS adds pytest arguments.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+target="${CARGO_TARGET_DIR:-$repo/target}"
+case "$target" in /*) ;; *) target="$repo/$target" ;; esac
+venv="$target/py-venv"
+export CURSORLOG_BIN="${CURSORLOG_BIN:-$target/debug/cursorlog}"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+
+if [[ ! -x "$CURSORLOG_BIN" ]]; then
+    echo "ci.sh: cursorlog binary not found at $CURSORLOG_BIN (run: cargo build -p cursorlog-server --bins)" >&2
+    exit 1
+fi
+
+python="${PYTHON:-python3}"
+if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    echo "ci.sh: $python is $("$python" --version 2>&1); cursorlog-mcp needs Python >= 3.11" >&2
+    exit 1
+fi
+if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+fi
+
+echo "--- installing cursorlog-mcp[test] into $venv"
+"$venv/bin/python" -m pip install --quiet --editable "$here[test]"
+
+echo "--- checking the committed gRPC stubs against proto/"
+"$venv/bin/python" -m cursorlog_mcp.codegen --check --proto-root "$repo/proto/proto"
+
+echo "--- ruff (undefined names, unused imports, syntax)"
+"$venv/bin/ruff" check --quiet --select F,E9 "$here/src" "$here/tests" "$here/examples"
+
+echo "--- pytest (cursorlog binary: $CURSORLOG_BIN)"
+cd "$here"
+# shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
+exec "$venv/bin/python" -m pytest -p no:cacheprovider ${PYTEST_ARGS:-}

@@ -1,0 +1,81 @@
+"""An MCP server replica that keeps its SSE events in cursorlog.
+
+Run several of these behind any load balancer (no session affinity), all pointing at one
+cursorlog server:
+
+    cursorlog serve --listen 127.0.0.1:50051 --data-dir /tmp/cursorlog &
+    python examples/replica.py --port 8001 --cursorlog 127.0.0.1:50051 &
+    python examples/replica.py --port 8002 --cursorlog 127.0.0.1:50051 &
+
+The end-to-end tests start it the same way. ``--exec-log FILE`` appends one line per tool
+execution (``<replica> <tool> <call id>``), so a test can prove a tool ran exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+
+from cursorlog_mcp import CursorlogEventStore, streamable_http_app
+
+
+def build_server(replica: str, exec_log: str | None) -> MCPServer:
+    mcp = MCPServer("cursorlog-example", instructions="Counts slowly, with progress.")
+
+    def record(tool: str, call_id: str) -> None:
+        if exec_log:
+            with open(exec_log, "a", encoding="utf-8") as f:
+                f.write(f"{replica} {tool} {call_id}\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    @mcp.tool()
+    async def slow_count(ctx: Context, call_id: str, steps: int = 5, delay_s: float = 0.2) -> str:
+        """Reports `steps` progress notifications, `delay_s` apart, then returns."""
+        record("slow_count", call_id)
+        for i in range(1, steps + 1):
+            await ctx.report_progress(i, steps, f"step {i} of {steps}")
+            await asyncio.sleep(delay_s)
+        return f"{call_id}: counted to {steps} on {replica}"
+
+    @mcp.tool()
+    async def announce(ctx: Context) -> str:
+        """Sends a tools/list_changed notification on the session's standalone (GET) stream."""
+        await ctx.request_context.session.send_tool_list_changed()
+        return f"announced by {replica}"
+
+    @mcp.tool()
+    async def whoami() -> str:
+        """Names the replica serving the call."""
+        return replica
+
+    return mcp
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cursorlog", required=True, help="cursorlog gRPC address, e.g. 127.0.0.1:50051")
+    parser.add_argument("--name", default=None, help="replica name reported by tools (default: the port)")
+    parser.add_argument("--lease-ms", type=int, default=10_000, help="producer lease of request streams")
+    parser.add_argument("--retry-ms", type=int, default=None, help="SSE retry interval suggested to clients")
+    parser.add_argument("--exec-log", default=None, help="append one line per tool execution to this file")
+    args = parser.parse_args()
+
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {args.name or args.port} %(name)s %(levelname)s %(message)s"
+    )
+    store = CursorlogEventStore(args.cursorlog, lease_ms=args.lease_ms)
+    server = build_server(args.name or str(args.port), args.exec_log)
+    app = streamable_http_app(server, store, retry_interval=args.retry_ms)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
+
+
+if __name__ == "__main__":
+    main()
