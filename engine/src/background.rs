@@ -3,9 +3,9 @@
 //! engine handle — so dropping the last handle stops and joins them deterministically.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -19,44 +19,99 @@ const INDEX_FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// How often producer leases are checked.
 const LEASE_TICK: Duration = Duration::from_millis(50);
 
-/// Producer leases: stream → (lease length, deadline). In memory only: after a restart every
-/// open stream with a lease gets a full lease again, so a producer can reconnect.
-#[derive(Debug, Default)]
-pub(crate) struct Leases(Mutex<HashMap<u64, (Duration, Instant)>>);
+/// Producer leases: stream → lease. In memory only: after a restart every open stream with
+/// a lease gets a full lease again, so a producer can reconnect.
+///
+/// Renewal is on every append, from many threads at once: it takes the read lock only (the
+/// deadline is an atomic), and skips even that while no stream has a lease.
+#[derive(Debug)]
+pub(crate) struct Leases {
+    map: RwLock<HashMap<u64, Lease>>,
+    armed: AtomicUsize,
+    /// Deadlines are nanoseconds after this instant.
+    epoch: Instant,
+}
+
+#[derive(Debug)]
+struct Lease {
+    length: Duration,
+    deadline_ns: AtomicU64,
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Self {
+            map: RwLock::default(),
+            armed: AtomicUsize::new(0),
+            epoch: Instant::now(),
+        }
+    }
+}
 
 impl Leases {
-    fn map(&self) -> MutexGuard<'_, HashMap<u64, (Duration, Instant)>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<u64, Lease>> {
+        self.map.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<u64, Lease>> {
+        self.map.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ns_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn deadline_ns(&self, length: Duration) -> u64 {
+        self.ns_at(Instant::now())
+            .saturating_add(u64::try_from(length.as_nanos()).unwrap_or(u64::MAX))
     }
 
     /// Starts (or restarts) a lease of `ms` milliseconds.
     pub(crate) fn arm(&self, stream: u64, ms: u64) {
-        let d = Duration::from_millis(ms);
-        self.map().insert(stream, (d, Instant::now() + d));
+        let length = Duration::from_millis(ms);
+        let lease = Lease {
+            length,
+            deadline_ns: AtomicU64::new(self.deadline_ns(length)),
+        };
+        let mut map = self.write();
+        map.insert(stream, lease);
+        self.armed.store(map.len(), Ordering::Release);
     }
 
     /// Pushes the deadline out by a full lease, if the stream has one.
     pub(crate) fn renew(&self, stream: u64) {
-        if let Some((d, at)) = self.map().get_mut(&stream) {
-            *at = Instant::now() + *d;
+        if self.armed.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if let Some(lease) = self.read().get(&stream) {
+            lease
+                .deadline_ns
+                .fetch_max(self.deadline_ns(lease.length), Ordering::AcqRel);
         }
     }
 
     /// Drops the lease (the stream is terminal).
     pub(crate) fn remove(&self, stream: u64) {
-        self.map().remove(&stream);
+        let mut map = self.write();
+        map.remove(&stream);
+        self.armed.store(map.len(), Ordering::Release);
     }
 
     fn take_expired(&self, now: Instant) -> Vec<u64> {
-        let mut map = self.map();
+        if self.armed.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let now = self.ns_at(now);
+        let mut map = self.write();
         let ids: Vec<u64> = map
             .iter()
-            .filter(|(_, (_, at))| *at <= now)
+            .filter(|(_, l)| l.deadline_ns.load(Ordering::Acquire) <= now)
             .map(|(id, _)| *id)
             .collect();
         for id in &ids {
             map.remove(id);
         }
+        self.armed.store(map.len(), Ordering::Release);
         ids
     }
 }

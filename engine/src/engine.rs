@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use crate::api::{
@@ -18,7 +18,7 @@ use crate::fs::{FileSystem, StdFs};
 use crate::index::prefix;
 use crate::recovery::{recover, RecoveryReport};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
-use crate::writer::{submit, submit_async, Command, Counters, Reply, Request, Shared, Writer};
+use crate::writer::{send, submit_async, wait, Command, Counters, Reply, Request, Shared, Writer};
 
 /// Depth of the writer's request queue; appenders block beyond it (back-pressure).
 const WRITER_QUEUE_DEPTH: usize = 16 * 1024;
@@ -36,7 +36,9 @@ pub struct Engine {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
-    tx: Mutex<Option<SyncSender<Request>>>,
+    /// The writer's queue; `None` once closed. Callers hold the read lock only while they
+    /// queue a request (never while they wait for its answer).
+    tx: RwLock<Option<SyncSender<Request>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     background: Mutex<Vec<JoinHandle<()>>>,
     shutdown: Arc<AtomicBool>,
@@ -64,7 +66,7 @@ impl Inner {
             }
         }
         self.tx
-            .lock()
+            .write()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(w) = self
@@ -164,7 +166,7 @@ impl Engine {
         let engine = Self {
             inner: Arc::new(Inner {
                 shared,
-                tx: Mutex::new(Some(tx)),
+                tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(writer)),
                 background: Mutex::new(background),
                 shutdown,
@@ -189,14 +191,19 @@ impl Engine {
     fn sender(&self) -> Result<SyncSender<Request>> {
         self.inner
             .tx
-            .lock()
+            .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or(Error::Closed)
     }
 
     fn submit(&self, cmd: Command) -> Result<Reply> {
-        submit(&self.sender()?, &self.inner.shared, cmd)
+        // Queue under the read lock (no clone of the sender per call), wait without it.
+        let reply = {
+            let tx = self.inner.tx.read().unwrap_or_else(PoisonError::into_inner);
+            send(tx.as_ref().ok_or(Error::Closed)?, &self.inner.shared, cmd)?
+        };
+        wait(&reply)
     }
 
     /// The configuration the engine runs with.

@@ -215,6 +215,12 @@ pub fn frame_crc(header: &[u8; FRAME_HEADER_BYTES], body: &[u8]) -> u32 {
     hasher.finalize()
 }
 
+/// [`frame_crc`] of a whole frame held in one slice (header then body): the same bytes in
+/// one pass. `frame` must be at least a frame header long.
+pub(crate) fn frame_crc_contiguous(frame: &[u8]) -> u32 {
+    crc32fast::hash(frame.get(FRAME_LSN..).unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

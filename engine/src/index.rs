@@ -129,7 +129,8 @@ fn decode_value<T: bincode::Decode<()>>(key: &[u8], v: &[u8]) -> Result<T> {
 }
 
 fn encode_value<T: bincode::Encode>(v: &T) -> Vec<u8> {
-    let mut out = Vec::new();
+    // Index values are small: one allocation instead of a few regrowths.
+    let mut out = Vec::with_capacity(128);
     // Encoding index values into a Vec cannot fail: they are bounded, plain structs.
     let _ = codec::encode_into(v, &mut out);
     out
@@ -286,12 +287,15 @@ impl Index {
     }
 
     /// Publishes a group commit's changes: readers see them at once. A background thread
-    /// (or the caller, when the memtable is full) moves them into sled.
-    pub(crate) fn commit(&self, txn: Txn<'_>, applied_lsn: u64) {
-        let writes = txn.into_writes();
+    /// (or the caller, when the memtable is full) moves them into sled. Returns the
+    /// transaction's decoded streams, which now match the committed index (see
+    /// [`Txn::with_streams`]).
+    pub(crate) fn commit(&self, txn: Txn<'_>, applied_lsn: u64) -> StreamCache {
+        let (writes, streams) = txn.into_writes();
         let mut mem = self.mem_mut();
         mem.active.extend(writes);
         mem.active_lsn = applied_lsn;
+        streams
     }
 
     /// Entries waiting in the memtable.
@@ -413,23 +417,25 @@ impl Index {
         Ok(out)
     }
 
-    /// The index entries (run starts) that cover `stream`'s events from `from_seq` on: the
-    /// last run start at or below `from_seq`, then the following ones; at most `max`.
+    /// The index entries (run starts) that cover `stream`'s events `from_seq..until_seq`:
+    /// the last run start at or below `from_seq`, then the following ones below `until_seq`;
+    /// at most `max` (an event is at most one run start).
     pub(crate) fn runs_from(
         &self,
         stream: u64,
         from_seq: u64,
+        until_seq: u64,
         max: usize,
     ) -> Result<Vec<(u64, Position)>> {
         let first = event_key(stream, 0);
         let after = event_key(stream, from_seq.saturating_add(1));
-        let end = prefix_end(&first[..9]);
+        let end = event_key(stream, until_seq.max(from_seq.saturating_add(1)));
         let mut out = Vec::with_capacity(max.min(64));
         if let Some(kv) = self.last_live(&first, &after)? {
             out.push(kv);
         }
         let rest = max.saturating_sub(out.len());
-        out.extend(self.range(&after, end.as_deref(), rest)?);
+        out.extend(self.range(&after, Some(&end), rest)?);
         Ok(out
             .into_iter()
             .filter_map(|(k, v)| {
@@ -554,6 +560,9 @@ impl StateView for Index {
     }
 }
 
+/// Decoded streams by id (`None`: known not to exist).
+pub(crate) type StreamCache = HashMap<u64, Option<StoredStream>>;
+
 /// Pending index writes over a read view of the index.
 ///
 /// Streams are kept decoded while a group commit is planned (an append touches its stream
@@ -562,18 +571,48 @@ impl StateView for Index {
 pub(crate) struct Txn<'a> {
     base: &'a Index,
     writes: Overlay,
-    streams: RefCell<HashMap<u64, Option<StoredStream>>>,
+    streams: RefCell<StreamCache>,
     dirty_streams: BTreeSet<u64>,
 }
 
 impl<'a> Txn<'a> {
     pub(crate) fn new(base: &'a Index) -> Self {
+        Self::with_streams(base, StreamCache::new())
+    }
+
+    /// A transaction that starts from already decoded streams. They must equal what `base`
+    /// holds for them: the writer passes the cache the previous [`Index::commit`] returned
+    /// (it is the only one changing the index), so a stream is decoded once, not per commit.
+    pub(crate) fn with_streams(base: &'a Index, streams: StreamCache) -> Self {
         Self {
             base,
             writes: Overlay::new(),
-            streams: RefCell::default(),
+            streams: RefCell::new(streams),
             dirty_streams: BTreeSet::new(),
         }
+    }
+
+    /// The decoded streams, when the transaction is dropped without committing anything.
+    /// Only valid if nothing was changed ([`Txn::is_empty`]).
+    pub(crate) fn into_streams(self) -> StreamCache {
+        debug_assert!(
+            self.is_empty(),
+            "a changed transaction's cache is not the index"
+        );
+        self.streams.into_inner()
+    }
+
+    /// Calls `f` with the stream (as this transaction sees it) without copying it.
+    pub(crate) fn with_stream<R>(
+        &self,
+        id: u64,
+        f: impl FnOnce(Option<&StoredStream>) -> R,
+    ) -> Result<R> {
+        if !self.streams.borrow().contains_key(&id) {
+            self.stored_stream(id)?;
+        }
+        let streams = self.streams.borrow();
+        Ok(f(streams.get(&id).and_then(Option::as_ref)))
     }
 
     pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
@@ -639,8 +678,8 @@ impl<'a> Txn<'a> {
         self.writes.is_empty() && self.dirty_streams.is_empty()
     }
 
-    /// The pending writes, with changed streams encoded.
-    fn into_writes(mut self) -> Overlay {
+    /// The pending writes, with changed streams encoded, and the decoded streams.
+    fn into_writes(mut self) -> (Overlay, StreamCache) {
         let streams = self.streams.into_inner();
         for id in std::mem::take(&mut self.dirty_streams) {
             if let Some(Some(s)) = streams.get(&id) {
@@ -648,7 +687,7 @@ impl<'a> Txn<'a> {
                     .insert(stream_key(id).to_vec(), Some(encode_value(s)));
             }
         }
-        self.writes
+        (self.writes, streams)
     }
 }
 

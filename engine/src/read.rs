@@ -6,7 +6,7 @@ use crate::engine::Engine;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::index::KvRead;
-use crate::record::{decode_frame, FrameError, Record, Terminal};
+use crate::record::{check_frame, decode_event_body, tag, EventBody, FrameError, Record, Terminal};
 use crate::segment::Segment;
 use crate::state::StreamMeta;
 use crate::verdict::{decide, past_horizon, Resolution};
@@ -160,13 +160,15 @@ fn read_events(
     head: u64,
     max: usize,
 ) -> Result<Vec<Event>> {
-    let mut events = Vec::new();
     if from > head {
-        return Ok(events);
+        return Ok(Vec::new());
     }
-    let runs = shared
-        .index
-        .runs_from(stream, from, max.saturating_add(1))?;
+    // Only runs starting before `until` can hold an event of this read: the last event it
+    // may return is `until - 1`.
+    let until = from.saturating_add(max as u64).min(head.saturating_add(1));
+    let wanted = usize::try_from(until - from).unwrap_or(max).min(max);
+    let mut events = Vec::with_capacity(wanted);
+    let runs = shared.index.runs_from(stream, from, until, wanted)?;
     let mut expected = from;
     for (i, (start, pos)) in runs.iter().enumerate() {
         let run_end = runs.get(i + 1).map_or(u64::MAX, |r| r.0);
@@ -228,22 +230,41 @@ fn frame_error(seg: &Segment, offset: u64, kind: CorruptionKind) -> Error {
 /// Length of the frame at `offset`, from its header (the frames skipped on the way to the
 /// first requested one are not returned, so their CRC is not checked).
 fn frame_len_at(seg: &Segment, offset: u64) -> Result<u64> {
-    let header = seg.with_bytes(offset, FRAME_HEADER_BYTES as u64, |b| {
-        <&[u8; FRAME_HEADER_BYTES]>::try_from(b)
-            .map(FrameHeader::read)
-            .ok()
-    })?;
-    header
-        .filter(|h| h.body_len <= crate::format::BODY_BYTES_MAX)
-        .map(|h| h.frame_len())
-        .ok_or_else(|| frame_error(seg, offset, CorruptionKind::BadLength(0)))
+    if let Some(bytes) = seg.mapped_from(offset) {
+        return frame_len_in(bytes).ok_or_else(|| frame_error(seg, offset, bad_length(0)));
+    }
+    seg.with_bytes(offset, FRAME_HEADER_BYTES as u64, frame_len_in)?
+        .ok_or_else(|| frame_error(seg, offset, bad_length(0)))
+}
+
+/// The frame length a frame header at the start of `b` claims, if it is within bounds.
+fn frame_len_in(b: &[u8]) -> Option<u64> {
+    let raw = b.get(..FRAME_HEADER_BYTES)?.try_into().ok()?;
+    let header = FrameHeader::read(raw);
+    (header.body_len <= crate::format::BODY_BYTES_MAX).then(|| header.frame_len())
+}
+
+fn bad_length(n: u64) -> CorruptionKind {
+    CorruptionKind::BadLength(n)
 }
 
 /// Reads and checks the frame at `offset`, which must be event `seq` of `stream`; returns it
 /// with the frame's length.
+///
+/// Every call checks the frame's length bound and its CRC over the header fields and the
+/// whole body, decodes the body strictly (UTF-8, option tags, no trailing bytes), and checks
+/// the record is the event `stream`/`seq`. A sealed segment's frame is checked in place in
+/// the map (one access); the active segment's is read with positional reads.
 fn read_frame_at(seg: &Segment, offset: u64, stream: u64, seq: u64) -> Result<(Event, u64)> {
     let len = frame_len_at(seg, offset)?;
-    let frame = seg.with_bytes(offset, len, decode_frame)?.map_err(|e| {
+    let decoded = match seg.mapped_from(offset) {
+        Some(bytes) => match usize::try_from(len).ok().and_then(|n| bytes.get(..n)) {
+            Some(frame) => decode_event_frame(frame),
+            None => return Err(frame_error(seg, offset, bad_length(len))),
+        },
+        None => seg.with_bytes(offset, len, decode_event_frame)?,
+    };
+    let (body, len) = decoded.map_err(|e| {
         frame_error(
             seg,
             offset,
@@ -255,18 +276,14 @@ fn read_frame_at(seg: &Segment, offset: u64, stream: u64, seq: u64) -> Result<(E
             },
         )
     })?;
-    let body = match frame.record {
-        Record::Event(b) => b,
-        Record::Terminal(Terminal { frame: Some(b), .. }) => b,
-        _ => {
-            return Err(frame_error(
-                seg,
-                offset,
-                CorruptionKind::BadBody(format!(
-                    "expected event {stream}/{seq}, found another record"
-                )),
-            ))
-        }
+    let Some(body) = body else {
+        return Err(frame_error(
+            seg,
+            offset,
+            CorruptionKind::BadBody(format!(
+                "expected event {stream}/{seq}, found another record"
+            )),
+        ));
     };
     if body.stream != stream || body.seq != seq {
         return Err(frame_error(
@@ -287,6 +304,25 @@ fn read_frame_at(seg: &Segment, offset: u64, stream: u64, seq: u64) -> Result<(E
         appended_at_ms: body.at_ms,
     };
     Ok((event, len))
+}
+
+/// Checks the frame at the start of `buf` (length, CRC) and decodes the event it carries:
+/// an `Event` record, or a `Terminal` one with a frame (`None` for any other record). Returns
+/// the frame's length too.
+fn decode_event_frame(buf: &[u8]) -> std::result::Result<(Option<EventBody>, u64), FrameError> {
+    let header = check_frame(buf)?;
+    let body = buf
+        .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
+        .ok_or(FrameError::Truncated)?;
+    let event = if header.record_type == tag::EVENT {
+        Some(decode_event_body(body).map_err(FrameError::BadBody)?)
+    } else {
+        match Record::decode(header.record_type, body).map_err(FrameError::BadBody)? {
+            Record::Terminal(Terminal { frame, .. }) => frame,
+            _ => None,
+        }
+    };
+    Ok((event, header.frame_len()))
 }
 
 /// A position whose segment is gone: evicted if retention raised the watermark past `seq`

@@ -255,7 +255,7 @@ impl Record {
                 }
             }
             tag::STREAM_OPENED => Self::StreamOpened(codec::decode(body)?),
-            tag::EVENT => Self::Event(codec::decode(body)?),
+            tag::EVENT => Self::Event(decode_event_body(body)?),
             tag::TERMINAL => Self::Terminal(codec::decode(body)?),
             tag::TRIM => {
                 let b: TrimBody = codec::decode(body)?;
@@ -283,6 +283,83 @@ impl Record {
             }
             other => return Err(format!("unknown record type {other}")),
         })
+    }
+}
+
+/// Decodes an [`EventBody`] (the body of an `Event` record) exactly as [`codec::decode`]
+/// does — same layout, same accept/reject decision (UTF-8 strings, option tags 0/1, no
+/// trailing bytes) — but straight from the slice: the read path's per-event decode. Only the
+/// error texts differ from bincode's. A proptest checks the two agree on arbitrary bytes.
+///
+/// # Errors
+/// The body is not an event body.
+pub(crate) fn decode_event_body(body: &[u8]) -> Result<EventBody, String> {
+    let mut r = SliceReader(body);
+    let stream = r.u64()?;
+    let seq = r.u64()?;
+    let at_ms = r.u64()?;
+    let kind = r.string()?;
+    let correlation = match r.u8()? {
+        0 => None,
+        1 => Some(r.string()?),
+        t => return Err(format!("invalid option tag {t} for the correlation id")),
+    };
+    let payload = r.bytes()?.to_vec();
+    if !r.0.is_empty() {
+        return Err(format!(
+            "{} trailing bytes after the record body",
+            r.0.len()
+        ));
+    }
+    Ok(EventBody {
+        stream,
+        seq,
+        at_ms,
+        kind,
+        correlation,
+        payload,
+    })
+}
+
+/// A cursor over a record body in the codec's fixed-width little-endian layout.
+struct SliceReader<'a>(&'a [u8]);
+
+impl<'a> SliceReader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if n > self.0.len() {
+            return Err(format!(
+                "body ends early: {n} bytes needed, {} left",
+                self.0.len()
+            ));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    /// A `u64` length, then that many bytes.
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let len = self.u64()?;
+        let len = usize::try_from(len).map_err(|_| format!("length {len} out of range"))?;
+        self.take(len)
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        let b = self.bytes()?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|e| format!("invalid UTF-8 in a string: {e}"))
     }
 }
 
@@ -364,10 +441,10 @@ pub(crate) fn check_frame(buf: &[u8]) -> Result<FrameHeader, FrameError> {
     if header.body_len > BODY_BYTES_MAX {
         return Err(FrameError::BadLength(u64::from(header.body_len)));
     }
-    let body = buf
-        .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
+    let frame = buf
+        .get(..FRAME_HEADER_BYTES + header.body_len as usize)
         .ok_or(FrameError::Truncated)?;
-    let got = crate::format::frame_crc(raw, body);
+    let got = crate::format::frame_crc_contiguous(frame);
     if got != header.crc {
         return Err(FrameError::Crc {
             got,
@@ -498,6 +575,23 @@ mod tests {
     }
 
     #[test]
+    fn contiguous_crc_is_the_frame_crc() {
+        for r in sample_records() {
+            let mut buf = Vec::new();
+            encode_frame(&r, 9, 0, &mut buf).unwrap();
+            let raw: &[u8; FRAME_HEADER_BYTES] = buf[..FRAME_HEADER_BYTES].try_into().unwrap();
+            assert_eq!(
+                crate::format::frame_crc_contiguous(&buf),
+                crate::format::frame_crc(raw, &buf[FRAME_HEADER_BYTES..])
+            );
+            assert_eq!(
+                crate::format::frame_crc_contiguous(&buf),
+                FrameHeader::read(raw).crc
+            );
+        }
+    }
+
+    #[test]
     fn zeroes_are_not_a_frame() {
         assert!(matches!(
             decode_frame(&[0u8; 64]),
@@ -537,6 +631,42 @@ mod tests {
             let mut buf = h.write(&body).to_vec();
             buf.extend_from_slice(&body);
             let _ = decode_frame(&buf);
+        }
+
+        #[test]
+        fn fast_event_decode_agrees_with_bincode(
+            bytes in proptest::collection::vec(any::<u8>(), 0..96),
+        ) {
+            let fast = decode_event_body(&bytes).ok();
+            let slow: Option<EventBody> = codec::decode(&bytes).ok();
+            prop_assert_eq!(fast, slow);
+        }
+
+        #[test]
+        fn fast_event_decode_agrees_on_mutated_bodies(
+            stream: u64, seq: u64, at_ms: u64,
+            kind in ".{0,8}",
+            correlation in proptest::option::of(".{0,8}"),
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+            at in any::<proptest::sample::Index>(),
+            mask in any::<u8>(),
+            cut in any::<proptest::sample::Index>(),
+            extend in any::<bool>(),
+        ) {
+            let e = EventBody { stream, seq, at_ms, kind, correlation, payload };
+            let mut body = Vec::new();
+            codec::encode_into(&e, &mut body).unwrap();
+            prop_assert_eq!(decode_event_body(&body).unwrap(), e);
+            let i = at.index(body.len());
+            body[i] ^= mask;
+            if extend {
+                body.push(mask);
+            } else {
+                body.truncate(cut.index(body.len() + 1));
+            }
+            let fast = decode_event_body(&body).ok();
+            let slow: Option<EventBody> = codec::decode(&body).ok();
+            prop_assert_eq!(fast, slow);
         }
 
         #[test]

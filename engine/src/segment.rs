@@ -190,6 +190,15 @@ impl Segment {
         Ok(f(&buf))
     }
 
+    /// The mapped bytes from `offset` to the end of the written data, when the segment is
+    /// sealed (mapped); `None` for the active segment or an offset past the end.
+    pub(crate) fn mapped_from(&self, offset: u64) -> Option<&[u8]> {
+        let map = self.map.get()?;
+        let start = usize::try_from(offset).ok()?;
+        let end = usize::try_from(self.len()).ok()?;
+        map.bytes().get(start..end)
+    }
+
     /// Unlink the file once the last handle (and its map) is dropped.
     pub(crate) fn delete_when_unused(&self) {
         self.delete_on_drop.store(true, Ordering::Release);

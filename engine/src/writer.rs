@@ -1,8 +1,8 @@
 //! The single writer: validates requests against current state, frames their records,
 //! writes each group commit once, syncs per the policy, applies the index, then acknowledges.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use crate::api::{
 use crate::apply::apply;
 use crate::config::{Config, SyncPolicy};
 use crate::error::{Error, Result};
-use crate::index::{Index, Txn};
+use crate::index::{Index, StreamCache, Txn};
 use crate::log::{Position, SegmentSet};
 use crate::record::{encode_frame, Record};
 use crate::segment::Segment;
@@ -99,13 +99,28 @@ pub(crate) type Request = (Command, ReplyTo);
 
 /// Sends `cmd` to the writer and waits for its answer.
 pub(crate) fn submit(tx: &SyncSender<Request>, shared: &Shared, cmd: Command) -> Result<Reply> {
+    wait(&send(tx, shared, cmd)?)
+}
+
+/// Queues `cmd` for the writer; [`wait`] for the answer. Split from [`submit`] so a caller
+/// can stop holding the sender while it waits.
+pub(crate) fn send(
+    tx: &SyncSender<Request>,
+    shared: &Shared,
+    cmd: Command,
+) -> Result<Receiver<Result<Reply>>> {
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
     }
     let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
     tx.send((cmd, ReplyTo::Blocking(reply_tx)))
         .map_err(|_| Error::Closed)?;
-    reply_rx.recv().map_err(|_| Error::Closed)?
+    Ok(reply_rx)
+}
+
+/// Waits for the answer to a request queued with [`send`].
+pub(crate) fn wait(reply: &Receiver<Result<Reply>>) -> Result<Reply> {
+    reply.recv().map_err(|_| Error::Closed)?
 }
 
 /// [`submit`] for async callers: the answer is awaited, no thread blocks on it. Queuing the
@@ -148,6 +163,28 @@ pub(crate) struct Shared {
     pub commits: tokio::sync::watch::Sender<u64>,
 }
 
+/// A group commit's answers, all successful, handed to the acknowledging thread.
+type Acks = Vec<(ReplyTo, Reply)>;
+
+/// Most requests in one group commit.
+const GROUP_REQUESTS_MAX: usize = 4096;
+/// Longest a group waits for the callers of the previous one to come back (see `run_loop`).
+const GATHER_WAIT_MAX: Duration = Duration::from_millis(1);
+
+/// Takes every queued request, up to [`GROUP_REQUESTS_MAX`] in `batch`.
+fn drain(rx: &Receiver<Request>, batch: &mut Vec<Request>) {
+    while batch.len() < GROUP_REQUESTS_MAX {
+        match rx.try_recv() {
+            Ok(r) => batch.push(r),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Decoded streams the writer keeps between group commits; past this many it starts over
+/// (bounds memory with many streams).
+const STREAM_CACHE_MAX: usize = 16 * 1024;
+
 /// The writer thread's own state.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
@@ -155,6 +192,13 @@ pub(crate) struct Writer {
     next_lsn: u64,
     last_sync: Instant,
     unsynced: bool,
+    /// The streams as the committed index holds them, decoded (see `Txn::with_streams`).
+    streams: StreamCache,
+    /// Where committed answers go to be delivered (off the writer thread); `None` delivers
+    /// them inline.
+    acker: Option<Sender<Acks>>,
+    /// Answers handed to the acknowledging thread and not delivered yet.
+    acks_in_flight: Arc<AtomicUsize>,
 }
 
 impl Writer {
@@ -165,11 +209,76 @@ impl Writer {
             next_lsn,
             last_sync: Instant::now(),
             unsynced: false,
+            streams: StreamCache::new(),
+            acker: None,
+            acks_in_flight: Arc::default(),
+        }
+    }
+
+    /// Starts the thread that delivers committed answers. Waking a waiting caller is a
+    /// system call (and a cross-CPU wake-up) per request: done here, it would sit between
+    /// one group commit's `fdatasync` and the next one's. The writer hands over each
+    /// commit's answers in one message instead and goes straight on to the next group.
+    fn spawn_acker(
+        in_flight: Arc<AtomicUsize>,
+    ) -> Option<(Sender<Acks>, std::thread::JoinHandle<()>)> {
+        let (tx, rx) = std::sync::mpsc::channel::<Acks>();
+        let handle = std::thread::Builder::new()
+            .name("cursorlog-acker".into())
+            .spawn(move || {
+                while let Ok(acks) = rx.recv() {
+                    for (to, reply) in acks {
+                        to.send(Ok(reply));
+                        in_flight.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            });
+        match handle {
+            Ok(h) => Some((tx, h)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no acknowledging thread; the writer acknowledges");
+                None
+            }
+        }
+    }
+
+    /// Delivers a committed group's answers (their changes are durable per the policy and
+    /// published in the index).
+    fn acknowledge(&self, acks: Acks) {
+        let acks = match &self.acker {
+            Some(acker) => {
+                let n = acks.len();
+                self.acks_in_flight.fetch_add(n, Ordering::AcqRel);
+                match acker.send(acks) {
+                    Ok(()) => return,
+                    Err(std::sync::mpsc::SendError(acks)) => {
+                        self.acks_in_flight.fetch_sub(n, Ordering::AcqRel);
+                        acks
+                    }
+                }
+            }
+            None => acks,
+        };
+        for (to, reply) in acks {
+            to.send(Ok(reply));
         }
     }
 
     /// Runs until every sender is gone, then syncs.
     pub(crate) fn run(mut self, rx: &Receiver<Request>) {
+        let acker = Self::spawn_acker(Arc::clone(&self.acks_in_flight)).map(|(tx, handle)| {
+            self.acker = Some(tx);
+            handle
+        });
+        self.run_loop(rx);
+        // Every answer is delivered before the writer is joined.
+        self.acker = None;
+        if let Some(handle) = acker {
+            let _ = handle.join();
+        }
+    }
+
+    fn run_loop(&mut self, rx: &Receiver<Request>) {
         let tick = match self.shared.config.sync {
             SyncPolicy::Interval(ms) => Duration::from_millis(ms.max(1)),
             _ => Duration::from_secs(3600),
@@ -184,12 +293,20 @@ impl Writer {
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             let mut batch = vec![first];
-            while batch.len() < 4096 {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
+            drain(rx, &mut batch);
+            // The callers the previous group commit answered are being woken right now, and
+            // most will be back with their next request within microseconds: gather them
+            // into this group (one `fdatasync` for all) rather than sync a fraction of them
+            // and leave the rest to the next one. Yielding gives them the CPU meanwhile.
+            let since = Instant::now();
+            while self.acks_in_flight.load(Ordering::Acquire) > 0
+                && batch.len() < GROUP_REQUESTS_MAX
+                && since.elapsed() < GATHER_WAIT_MAX
+            {
+                std::thread::yield_now();
+                drain(rx, &mut batch);
             }
+            drain(rx, &mut batch);
             self.commit(batch);
         }
         if !self.shared.poisoned.load(Ordering::Acquire) {
@@ -265,7 +382,11 @@ impl Writer {
             return;
         }
         let index = self.shared.index.clone();
-        let mut txn = Txn::new(&index);
+        let mut streams = std::mem::take(&mut self.streams);
+        if streams.len() > STREAM_CACHE_MAX {
+            streams.clear();
+        }
+        let mut txn = Txn::with_streams(&index, streams);
         let mut buf = Vec::new();
         let mut acks = Vec::with_capacity(batch.len());
         let mut retire = Vec::new();
@@ -309,9 +430,11 @@ impl Writer {
             return;
         }
         let last_lsn = self.next_lsn - 1;
-        if !(txn.is_empty() && first_lsn == self.next_lsn) {
-            index.commit(txn, last_lsn);
-        }
+        self.streams = if txn.is_empty() && first_lsn == self.next_lsn {
+            txn.into_streams()
+        } else {
+            index.commit(txn, last_lsn)
+        };
         let applied = if index.memtable_len() >= 4 * crate::index::MEMTABLE_ENTRIES_MAX {
             // The background flush fell behind: pay for it here rather than grow unbounded.
             index.flush_memtable()
@@ -338,6 +461,7 @@ impl Writer {
         });
         if let Err(e) = retired {
             self.poison(&e);
+            self.streams.clear();
             for (tx, _) in acks {
                 tx.send(Err(Error::Poisoned));
             }
@@ -349,9 +473,7 @@ impl Writer {
             .fetch_add(self.next_lsn - first_lsn, Ordering::Relaxed);
         c.last_lsn.store(last_lsn, Ordering::Release);
         self.shared.commits.send_replace(last_lsn);
-        for (tx, reply) in acks {
-            tx.send(Ok(reply));
-        }
+        self.acknowledge(acks);
     }
 
     fn write_and_sync(&mut self, buf: &[u8], force: bool) -> Result<()> {

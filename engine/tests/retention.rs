@@ -157,12 +157,21 @@ fn total_bytes_retention_raises_watermarks_and_keeps_tombstones() {
 fn age_retention_evicts_old_segments() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
-    cfg.retention.max_age = Some(Duration::from_millis(200));
+    // Long enough that 100 durable appends finish well inside it even when the shared disk's
+    // fdatasync takes 10+ ms (200 ms made this flaky on a slow disk).
+    let max_age = Duration::from_secs(2);
+    cfg.retention.max_age = Some(max_age);
     let e = Engine::open(cfg).unwrap();
     let (epoch, s) = open_stream(&e, "s", None);
+    let started = std::time::Instant::now();
     fill(&e, "s", s, 100);
+    assert!(
+        started.elapsed() < max_age,
+        "the fill took {:?}: the disk is too slow for this test's max_age",
+        started.elapsed()
+    );
     assert_eq!(e.run_retention().unwrap(), 0, "nothing is old yet");
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(max_age + Duration::from_millis(100));
     fill(&e, "s", s, 30);
     assert!(e.run_retention().unwrap() > 0);
     assert_eq!(

@@ -195,9 +195,24 @@ impl Writer {
         now: u64,
     ) -> Result<Reply> {
         let cfg = &self.shared.config;
-        let meta = owned_stream(txn, Some(&req.session), req.stream)?;
+        // The per-event path: look at the stream in place rather than copy its metadata.
+        let meta = txn
+            .with_stream(req.stream, |s| {
+                s.filter(|s| s.meta.session == req.session)
+                    .map(|s| AppendTarget {
+                        epoch: s.meta.epoch,
+                        state: s.meta.state,
+                        head: s.meta.head,
+                        watermark: s.meta.watermark,
+                    })
+            })?
+            .ok_or(Error::UnknownStream(req.stream))?;
         if meta.state.is_terminal() {
-            return Err(terminated(&meta));
+            return Err(Error::StreamTerminated {
+                stream: req.stream,
+                state: meta.state,
+                terminal_seq: meta.head,
+            });
         }
         let count = req.events.len() as u64;
         let next = meta.head + 1;
@@ -257,7 +272,7 @@ impl Writer {
     }
 
     /// An append whose expected seq is already written: success if it is the same batch.
-    fn match_retry(&self, req: &Append, meta: &StreamMeta, expected: u64) -> Result<Reply> {
+    fn match_retry(&self, req: &Append, meta: &AppendTarget, expected: u64) -> Result<Reply> {
         let count = req.events.len() as u64;
         let conflict = |reason| Error::SeqConflict {
             stream: req.stream,
@@ -376,6 +391,14 @@ impl Writer {
         }
         Ok(records)
     }
+}
+
+/// What planning an append needs of its stream.
+struct AppendTarget {
+    epoch: u64,
+    state: StreamState,
+    head: u64,
+    watermark: u64,
 }
 
 fn body(stream: u64, seq: u64, at_ms: u64, e: NewEvent) -> EventBody {
