@@ -57,10 +57,26 @@ pub fn new_events(events: Vec<pb::NewEvent>) -> Result<Vec<engine::NewEvent>, St
     Ok(events.into_iter().map(new_event).collect())
 }
 
+/// The event id `{epoch}-{stream}-{seq}`, exactly as [`Cursor`]'s `Display` prints it.
+///
+/// Built with `itoa`: Read replays call this once per event, and going through `core::fmt`
+/// (`Cursor::to_string`) cost about 1,300 instructions per event, a tenth of the whole
+/// server-side cost of a replayed event (callgrind).
+pub fn event_id(epoch: u64, stream: u64, seq: u64) -> String {
+    let mut digits = itoa::Buffer::new();
+    let mut id = String::with_capacity(62);
+    id.push_str(digits.format(epoch));
+    id.push('-');
+    id.push_str(digits.format(stream));
+    id.push('-');
+    id.push_str(digits.format(seq));
+    id
+}
+
 /// A stored event, with its event id built from the stream's epoch.
 pub fn event(epoch: u64, event: engine::Event) -> pb::Event {
     pb::Event {
-        id: Cursor::new(epoch, event.stream, event.seq).to_string(),
+        id: event_id(epoch, event.stream, event.seq),
         stream: event.stream,
         seq: event.seq,
         kind: event.kind,
@@ -146,7 +162,7 @@ pub fn appended(a: &engine::Appended) -> pb::AppendResponse {
         last_seq: a.last_seq,
         duplicate: a.duplicate,
         event_ids: (a.first_seq..=a.last_seq)
-            .map(|seq| Cursor::new(a.epoch, a.stream, seq).to_string())
+            .map(|seq| event_id(a.epoch, a.stream, seq))
             .collect(),
     }
 }
@@ -222,6 +238,32 @@ mod tests {
             duplicate: false,
         };
         assert_eq!(appended(&a).event_ids, vec!["2-7-4", "2-7-5", "2-7-6"]);
+    }
+
+    #[test]
+    fn event_ids_match_the_cursor_display() {
+        let values = [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for &epoch in &values {
+            for &stream in &values {
+                for &seq in &values {
+                    assert_eq!(
+                        event_id(epoch, stream, seq),
+                        Cursor::new(epoch, stream, seq).to_string()
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -414,7 +414,7 @@ impl Reader {
 
     /// Sends `events` as one or more batches, each below the message size budget.
     async fn send_events(&self, epoch: u64, events: Vec<engine::Event>) -> Result<(), Stop> {
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(events.len());
         let mut batch_bytes = 0_usize;
         for event in events {
             let bytes = convert::event_wire_bytes(&event);

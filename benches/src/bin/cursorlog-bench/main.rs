@@ -507,6 +507,20 @@ async fn run(cli: &Cli, addr: &str, server_pid: Option<u32>) -> Result<Report, B
         })
     };
 
+    // The same at the end of the window, so CPU and counters cover exactly the window the
+    // throughput is computed over (not the drain of ops still in flight after it, which for
+    // a replay can be a whole replay long).
+    let window_end = {
+        let shared = Arc::clone(&shared);
+        let mut c = stats_client.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(shared.end.into()).await;
+            let cpu_client = report::cpu_secs("self");
+            let cpu_server = server_pid.and_then(|p| report::cpu_secs(&p.to_string()));
+            (stats(&mut c).await, cpu_client, cpu_server)
+        })
+    };
+
     let mut set = tokio::task::JoinSet::new();
     for i in 0..workers {
         let client = clients
@@ -554,9 +568,24 @@ async fn run(cli: &Cli, addr: &str, server_pid: Option<u32>) -> Result<Report, B
         window_start.abort();
         (None, None, None)
     };
-    let cpu_client_after = report::cpu_secs("self");
-    let cpu_server_after = server_pid.and_then(|p| report::cpu_secs(&p.to_string()));
-    let stats_after = stats(&mut stats_client).await;
+    // With an op budget the run can end before the window does: then sample now.
+    let at_end = if window_end.is_finished() {
+        window_end.await.ok()
+    } else {
+        window_end.abort();
+        None
+    };
+    let (stats_after, cpu_client_after, cpu_server_after) = match at_end {
+        Some((stats_end, cpu_client, cpu_server)) if stats_end.is_some() => {
+            (stats_end, cpu_client, cpu_server)
+        }
+        // No end-of-window sample (budget hit, or its Stats call failed): take one now.
+        _ => (
+            stats(&mut stats_client).await,
+            report::cpu_secs("self"),
+            server_pid.and_then(|p| report::cpu_secs(&p.to_string())),
+        ),
+    };
     done.store(true, Ordering::Relaxed);
     if let Some(t) = progress_task {
         t.abort();
