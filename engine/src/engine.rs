@@ -135,6 +135,7 @@ impl Engine {
             poisoned: false.into(),
             counters: Counters::default(),
             commits,
+            summaries: crate::retention::Summaries::default(),
         });
         shared
             .counters

@@ -7,8 +7,8 @@
 //! events all lie below their streams' watermarks is retired: the writer first carries the
 //! state born in them forward (snapshot records), syncs, and only then unlinks the files.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
 use crate::index::KvRead;
@@ -28,9 +28,38 @@ pub(crate) struct Plan {
 }
 
 /// Per segment: the newest append time and, per stream, the highest event seq in it.
-struct SegmentSummary {
+#[derive(Debug)]
+pub(crate) struct SegmentSummary {
     newest_ms: u64,
     max_seq: BTreeMap<u64, u64>,
+}
+
+/// Summaries of sealed segments, by base LSN. A sealed segment never changes, so each is
+/// scanned once (and read with positional reads, not through its map, so a pass does not
+/// leave a whole segment resident), instead of on every retention pass.
+#[derive(Debug, Default)]
+pub(crate) struct Summaries(Mutex<HashMap<u64, Arc<SegmentSummary>>>);
+
+impl Summaries {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<SegmentSummary>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, seg: &Segment) -> Result<Arc<SegmentSummary>> {
+        if let Some(s) = self.lock().get(&seg.base_lsn()) {
+            return Ok(Arc::clone(s));
+        }
+        let summary = Arc::new(summarize(seg)?);
+        self.lock().insert(seg.base_lsn(), Arc::clone(&summary));
+        Ok(summary)
+    }
+
+    /// Forgets segments that are gone.
+    fn keep_only(&self, bases: &[u64]) {
+        self.lock().retain(|base, _| bases.contains(base));
+    }
 }
 
 fn summarize(seg: &Segment) -> Result<SegmentSummary> {
@@ -38,8 +67,9 @@ fn summarize(seg: &Segment) -> Result<SegmentSummary> {
         newest_ms: 0,
         max_seq: BTreeMap::new(),
     };
-    seg.with_bytes(0, seg.len(), |bytes| {
-        scan_segment(bytes, seg.base_lsn(), |group| {
+    let bytes = seg.read_unmapped(0, seg.len())?;
+    {
+        scan_segment(&bytes, seg.base_lsn(), |group| {
             for (_, _, record) in group {
                 let (stream, seq, at) = match record {
                     Record::Event(e) => (e.stream, e.seq, e.at_ms),
@@ -51,8 +81,8 @@ fn summarize(seg: &Segment) -> Result<SegmentSummary> {
                 *m = (*m).max(seq);
             }
             Ok(())
-        })
-    })??;
+        })?;
+    }
     Ok(s)
 }
 
@@ -71,8 +101,11 @@ pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
     let mut retire = Vec::new();
     let mut retire_below = 0;
     let mut retired_streams = std::collections::BTreeSet::new();
+    let bases: Vec<u64> = all.iter().map(|s| s.base_lsn()).collect();
+    shared.summaries.keep_only(&bases);
     for (i, seg) in sealed.iter().enumerate() {
-        let summary = summarize(seg)?;
+        let summary = shared.summaries.get(seg)?;
+        let summary = &*summary;
         let too_old = cfg
             .max_age
             .is_some_and(|age| summary.newest_ms.saturating_add(duration_ms(age)) < now);

@@ -183,11 +183,20 @@ impl Segment {
                 }),
             };
         }
+        let buf = self.read_unmapped(offset, len)?;
+        Ok(f(&buf))
+    }
+
+    /// Bytes `offset..offset + len` read with positional reads, never through the map: for a
+    /// one-off scan of a whole sealed segment that should not stay resident (mapped pages
+    /// count in the process's RSS for as long as the mapping lives).
+    pub(crate) fn read_unmapped(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX).min(1 << 30)];
         self.file
             .read_exact_at(&mut buf, offset)
-            .map_err(Error::io(format!("reading {}", self.path.display())))?;
-        Ok(f(&buf))
+            // The context is formatted only on failure: this is on every active-segment read.
+            .map_err(|e| Error::io(format!("reading {}", self.path.display()))(e))?;
+        Ok(buf)
     }
 
     /// The mapped bytes from `offset` to the end of the written data, when the segment is

@@ -161,6 +161,8 @@ pub(crate) struct Shared {
     pub poisoned: AtomicBool,
     pub counters: Counters,
     pub commits: tokio::sync::watch::Sender<u64>,
+    /// Retention's per-segment summaries (sealed segments never change).
+    pub summaries: crate::retention::Summaries,
 }
 
 /// A group commit's answers, all successful, handed to the acknowledging thread.
