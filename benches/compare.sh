@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Peer comparison in one run, back to back on the same disk:
 #   - raw disk ceiling: one writer, 512 B appends, fdatasync per 1 and per 64 appends
-#   - cursorlog (--sync always) durable appends over gRPC, 50 producers, batch 1, then Redis
-#     Streams XADD (appendonly yes, appendfsync always), 50 clients, pipelining 1
+#   - cursorlog (--sync always) durable appends over gRPC, 50 producers, batch 1, one unary
+#     Append per event and then one AppendStream call per producer (still one event in flight
+#     per producer), then Redis Streams XADD (appendonly yes, appendfsync always), 50 clients,
+#     pipelining 1
 #   - the same with cursorlog batch 16 and Redis pipelining 16
 #   - replay of a 100k-event stream, single client: cursorlog Read vs Redis XRANGE COUNT 1000
 # repeated ROUNDS times (a shared machine's disk and CPU drift within minutes; interleaving
@@ -147,11 +149,13 @@ redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$CLIENTS" -P 16 -n "$REPLAY_EV
   XADD replay '*' f "$DATA" >/dev/null
 [[ $(redis-cli -p "$REDIS_PORT" xlen replay) == "$REPLAY_EVENTS" ]] || die "redis replay stream not filled"
 
-cursorlog_append() { # batch round
-  log "round $2: cursorlog durable appends, $CLIENTS producers, batch $1, ${PAYLOAD} B, ${DURATION} s"
-  start_cursorlog "append-b$1-r$2"
-  bench --duration "$DURATION" --json "$OUT/cursorlog-append-b$1-r$2.json" \
-    append --producers "$CLIENTS" --batch "$1" --payload "$PAYLOAD"
+cursorlog_append() { # batch round [--streaming]
+  local rpc=unary
+  [[ ${3:-} == --streaming ]] && rpc=stream
+  log "round $2: cursorlog durable appends ($rpc), $CLIENTS producers, batch $1, ${PAYLOAD} B, ${DURATION} s"
+  start_cursorlog "append-$rpc-b$1-r$2"
+  bench --duration "$DURATION" --json "$OUT/cursorlog-append-$rpc-b$1-r$2.json" \
+    append --producers "$CLIENTS" --batch "$1" --payload "$PAYLOAD" ${3:-}
   stop_cursorlog
 }
 
@@ -177,6 +181,7 @@ for round in $(seq "$ROUNDS"); do
     --duration "$DISK_SECS" --json "$OUT/disk-r$round.json"
 
   cursorlog_append 1 "$round"
+  cursorlog_append 1 "$round" --streaming
   redis_xadd 1 "$round"
   cursorlog_append 16 "$round"
   redis_xadd 16 "$round"
@@ -215,11 +220,16 @@ for r in R:
         rows.setdefault(f"disk ceiling, {d['writes_per_sync']} x {payload} B per fdatasync", []).append(
             (d["events_per_sec"], d["sync_group_p50_ms"], d["sync_group_p99_ms"], d["sync_group_max_ms"], ""))
     for b in (1, 16):
-        c = j(f"cursorlog-append-b{b}-r{r}.json"); l = c["latency"]["append"]; s = c.get("server") or {}
-        rows.setdefault(f"cursorlog Append, batch {b}", []).append(
-            (c["events_per_sec"], l["p50_ms"], l["p99_ms"], l["max_ms"],
-             f"ev/fsync {s.get('events_per_fsync') or 0:.0f}, srv cpu {c.get('server_cpu_cores') or 0:.2f}, "
-             f"cli cpu {c.get('client_cpu_cores') or 0:.2f}, err {c['errors']}"))
+        for rpc, name in (("unary", f"cursorlog Append, batch {b}"), ("stream", f"cursorlog AppendStream, batch {b}")):
+            try:
+                c = j(f"cursorlog-append-{rpc}-b{b}-r{r}.json")
+            except FileNotFoundError:
+                continue
+            l = c["latency"]["append"]; s = c.get("server") or {}
+            rows.setdefault(name, []).append(
+                (c["events_per_sec"], l["p50_ms"], l["p99_ms"], l["max_ms"],
+                 f"ev/fsync {s.get('events_per_fsync') or 0:.0f}, srv cpu {c.get('server_cpu_cores') or 0:.2f}, "
+                 f"cli cpu {c.get('client_cpu_cores') or 0:.2f}, err {c['errors']}"))
         x = redis_row(b, r)
         rows.setdefault(f"redis XADD, pipelining {b}", []).append(
             (float(x["rps"]), float(x["p50_latency_ms"]), float(x["p99_latency_ms"]), float(x["max_latency_ms"]), ""))
@@ -248,6 +258,7 @@ def ratio(label, a, b, target=None):
     print(f"  {label:<52} {m[a] / m[b]:>6.2f} {med(rs):>6.2f}  (per round {', '.join(f'{x:.2f}' for x in rs)}){t}")
 print("\nRatios (of the medians, then the median of the per-round ratios; per round: same round's pair)")
 ratio("cursorlog batch 1 / redis pipelining 1", "cursorlog Append, batch 1", "redis XADD, pipelining 1", 1.5)
+ratio("cursorlog AppendStream batch 1 / redis pipelining 1", "cursorlog AppendStream, batch 1", "redis XADD, pipelining 1", 1.5)
 ratio("cursorlog batch 16 / redis pipelining 16", "cursorlog Append, batch 16", "redis XADD, pipelining 16", 1.0)
 ratio("cursorlog replay / redis XRANGE replay", "cursorlog Read replay, 1 reader", "redis XRANGE COUNT 1000 replay, 1 client", 1.0)
 d1, d64 = f"disk ceiling, 1 x {payload} B per fdatasync", f"disk ceiling, 64 x {payload} B per fdatasync"

@@ -11,6 +11,7 @@
 //! port, so scripts can start it on port 0.
 
 mod admin;
+mod append_stream;
 mod convert;
 mod metrics;
 mod serve;

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::append_stream;
 use crate::convert;
 use crate::metrics::Metrics;
 use crate::status;
@@ -80,6 +81,25 @@ where
             ))
         }
     }
+}
+
+/// One `Append`: validate, await the group commit (not on a blocking thread: one hand-off
+/// less per append on the hot path), answer.
+pub(crate) async fn append_one(
+    engine: &Engine,
+    r: pb::AppendRequest,
+) -> Result<pb::AppendResponse, Status> {
+    let req = engine::Append {
+        session: convert::required_str("session", r.session)?,
+        stream: convert::required_id("stream", r.stream)?,
+        expected_next_seq: r.expected_next_seq,
+        events: convert::new_events(r.events)?,
+    };
+    let appended = engine
+        .append_async(req)
+        .await
+        .map_err(|err| status::from_engine(&err))?;
+    Ok(convert::appended(&appended))
 }
 
 type ReadStream =
@@ -151,21 +171,21 @@ impl CursorLog for CursorLogService {
         &self,
         request: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendResponse>, Status> {
-        let r = request.into_inner();
-        let req = engine::Append {
-            session: convert::required_str("session", r.session)?,
-            stream: convert::required_id("stream", r.stream)?,
-            expected_next_seq: r.expected_next_seq,
-            events: convert::new_events(r.events)?,
-        };
-        // The group commit is awaited, not waited for on a blocking thread: one hand-off less
-        // per append on the hot path.
-        let appended = self
-            .engine
-            .append_async(req)
-            .await
-            .map_err(|err| status::from_engine(&err))?;
-        Ok(Response::new(convert::appended(&appended)))
+        let appended = append_one(&self.engine, request.into_inner()).await?;
+        Ok(Response::new(appended))
+    }
+
+    type AppendStreamStream = append_stream::Answers;
+
+    async fn append_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::AppendRequest>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        Ok(Response::new(append_stream::serve(
+            self.engine.clone(),
+            request.into_inner(),
+            self.shutdown.clone(),
+        )))
     }
 
     async fn complete(
@@ -327,7 +347,7 @@ struct Reader {
 }
 
 /// Resolves once the server starts shutting down (or the shutdown signal is gone).
-async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
+pub(crate) async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|down| *down).await;
 }
 

@@ -1024,3 +1024,80 @@ async fn tls_serves_clients_that_trust_the_certificate() {
         .await;
     assert!(r.is_err(), "plaintext call succeeded on a TLS port");
 }
+
+async fn next(answers: &mut tonic::Streaming<pb::AppendResult>) -> pb::append_result::Result {
+    tokio::time::timeout(READ_TIMEOUT, answers.message())
+        .await
+        .expect("an answer per request")
+        .unwrap()
+        .expect("the call stays open")
+        .result
+        .expect("a result")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_stream_answers_each_request_in_order_and_survives_a_failure() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
+    let request = |expected: Option<u64>, stream: u64| pb::AppendRequest {
+        session: "s".into(),
+        stream,
+        expected_next_seq: expected,
+        events: vec![event("progress", b"x")],
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut answers = c
+        .append_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    use pb::append_result::Result as R;
+
+    tx.send(request(Some(1), stream)).await.unwrap();
+    let R::Appended(first) = next(&mut answers).await else {
+        panic!("first append failed")
+    };
+    assert_eq!(first.event_ids, vec![format!("{epoch}-{stream}-1")]);
+
+    // A conflict answers that request only; the call goes on.
+    tx.send(request(Some(9), stream)).await.unwrap();
+    let R::Failure(conflict) = next(&mut answers).await else {
+        panic!("a seq conflict must fail")
+    };
+    assert_eq!(conflict.code, Code::Aborted as i32);
+    assert!(conflict.message.contains("seq"), "{}", conflict.message);
+    tx.send(request(None, 999_999)).await.unwrap();
+    let R::Failure(unknown) = next(&mut answers).await else {
+        panic!("an unknown stream must fail")
+    };
+    assert_eq!(unknown.code, Code::NotFound as i32);
+
+    // Pipelined requests are answered in order; a retry is recognised as a duplicate.
+    tx.send(request(Some(2), stream)).await.unwrap();
+    tx.send(request(Some(3), stream)).await.unwrap();
+    tx.send(request(Some(2), stream)).await.unwrap();
+    let (R::Appended(a), R::Appended(b), R::Appended(retry)) = (
+        next(&mut answers).await,
+        next(&mut answers).await,
+        next(&mut answers).await,
+    ) else {
+        panic!("pipelined appends failed")
+    };
+    assert_eq!((a.first_seq, b.first_seq), (2, 3));
+    assert!(retry.duplicate && retry.first_seq == 2);
+
+    // Closing the request side ends the call cleanly; everything acknowledged is readable.
+    drop(tx);
+    let end = tokio::time::timeout(READ_TIMEOUT, answers.message())
+        .await
+        .unwrap();
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    let all = read_all(
+        &mut c,
+        read_request("s", &format!("{epoch}-{stream}-0"), false),
+        READ_TIMEOUT,
+    )
+    .await;
+    assert_contiguous(&all.events, 1, 3);
+}

@@ -113,6 +113,10 @@ pub enum Workload {
         /// Payload bytes per event.
         #[arg(long, default_value_t = 512)]
         payload: usize,
+        /// Each producer appends over one long-lived `AppendStream` call (still one request
+        /// at a time, each awaited) instead of one unary `Append` call per request.
+        #[arg(long)]
+        streaming: bool,
     },
     /// Resolve of valid (RESUMABLE) cursors with the stream declared, cycling randomly over
     /// pre-filled streams.

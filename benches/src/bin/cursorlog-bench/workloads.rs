@@ -24,6 +24,7 @@ pub enum Prepared {
         targets: Arc<Vec<Target>>,
         batch: usize,
         payload: Arc<Vec<u8>>,
+        streaming: bool,
         params: Value,
     },
     /// See [`Workload::Resolve`].
@@ -201,6 +202,7 @@ pub async fn prepare(
             streams_per_session,
             batch,
             payload: bytes,
+            streaming,
         } => {
             let targets = open_targets(
                 clients,
@@ -215,10 +217,11 @@ pub async fn prepare(
                 targets: Arc::new(targets),
                 batch: batch.max(1),
                 payload: Arc::new(payload(bytes)),
+                streaming,
                 params: json!({
                     "producers": producers, "sessions": sessions,
                     "streams_per_session": streams_per_session, "batch": batch,
-                    "payload_bytes": bytes,
+                    "payload_bytes": bytes, "rpc": if streaming { "AppendStream" } else { "Append" },
                 }),
             })
         }
@@ -310,6 +313,57 @@ pub async fn prepare(
     }
 }
 
+/// The append loop over one `AppendStream` call: one request in flight at a time, like the
+/// unary loop, so the two measure the same closed loop with a different RPC shape.
+async fn append_streaming(
+    t: &Target,
+    batch: usize,
+    payload: &[u8],
+    mut client: Client,
+    w: &mut Worker,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut answers = match client
+        .append_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            if let Some(op) = w.begin().await {
+                w.finish(op, 0, Err(format!("AppendStream: {}", status_text(&s))));
+            }
+            return;
+        }
+    };
+    while let Some(op) = w.begin().await {
+        let request = pb::AppendRequest {
+            session: t.session.clone(),
+            stream: t.stream,
+            expected_next_seq: None,
+            events: (0..batch).map(|_| event("progress", payload)).collect(),
+        };
+        if tx.send(request).await.is_err() {
+            w.finish(op, 0, Err("AppendStream: the call ended".into()));
+            return;
+        }
+        let result = match answers.message().await {
+            Ok(Some(pb::AppendResult {
+                result: Some(pb::append_result::Result::Appended(r)),
+            })) if r.event_ids.len() == batch => Ok(()),
+            Ok(Some(pb::AppendResult {
+                result: Some(pb::append_result::Result::Failure(f)),
+            })) => Err(format!("AppendStream: code {}: {}", f.code, f.message)),
+            Ok(other) => Err(format!("AppendStream: unexpected answer {other:?}")),
+            Err(s) => Err(format!("AppendStream: {}", status_text(&s))),
+        };
+        let ended = result.is_err();
+        w.finish(op, batch as u64, result);
+        if ended {
+            return;
+        }
+    }
+}
+
 /// One worker's loop; returns its counters.
 pub async fn work(prepared: Prepared, index: usize, mut client: Client, mut w: Worker) -> Worker {
     let mut rng = Rng::new(index as u64 + 1);
@@ -318,6 +372,19 @@ pub async fn work(prepared: Prepared, index: usize, mut client: Client, mut w: W
             targets,
             batch,
             payload,
+            streaming: true,
+            ..
+        } => {
+            let Some(t) = targets.get(index % targets.len().max(1)) else {
+                return w;
+            };
+            append_streaming(t, batch, &payload, client, &mut w).await;
+        }
+        Prepared::Append {
+            targets,
+            batch,
+            payload,
+            streaming: false,
             ..
         } => {
             let Some(t) = targets.get(index % targets.len().max(1)) else {

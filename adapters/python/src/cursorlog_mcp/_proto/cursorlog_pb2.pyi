@@ -173,6 +173,22 @@ class AppendResponse(_message.Message):
     event_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, epoch: _Optional[int] = ..., stream: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class AppendResult(_message.Message):
+    __slots__ = ("appended", "failure")
+    APPENDED_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    appended: AppendResponse
+    failure: Failure
+    def __init__(self, appended: _Optional[_Union[AppendResponse, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class CompleteRequest(_message.Message):
     __slots__ = ("session", "stream", "expected_next_seq", "terminal")
     SESSION_FIELD_NUMBER: _ClassVar[int]

@@ -60,6 +60,11 @@ class CursorLogStub:
                 request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.SerializeToString,
                 response_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendResponse.FromString,
                 _registered_method=True)
+        self.AppendStream = channel.stream_stream(
+                '/cursorlog.v1.CursorLog/AppendStream',
+                request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendResult.FromString,
+                _registered_method=True)
         self.Complete = channel.unary_unary(
                 '/cursorlog.v1.CursorLog/Complete',
                 request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.CompleteRequest.SerializeToString,
@@ -145,6 +150,18 @@ class CursorLogServicer:
         event ids. With `expected_next_seq`, a retry of a batch that was already written returns
         the original seqs with `duplicate = true` and writes nothing. The response is sent only
         once the batch is durable per the server's sync policy. Renews the producer lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendStream(self, request_iterator, context):
+        """`Append` over one long-lived call, for a producer that appends event by event: each
+        request is handled exactly like `Append`, one at a time and in order, and answered by one
+        `AppendResult` in the same order, once durable. Much cheaper per event than unary
+        `Append` (no HTTP/2 stream, headers and trailers per event). A failed append answers that
+        request with a `failure` and the call goes on; the call itself ends with UNAVAILABLE when
+        the server shuts down. For concurrency, open several calls (or batch events).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -241,6 +258,11 @@ def add_CursorLogServicer_to_server(servicer, server):
                     servicer.Append,
                     request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.FromString,
                     response_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendResponse.SerializeToString,
+            ),
+            'AppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AppendStream,
+                    request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendResult.SerializeToString,
             ),
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
@@ -419,6 +441,33 @@ class CursorLog:
             '/cursorlog.v1.CursorLog/Append',
             cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.SerializeToString,
             cursorlog_dot_v1_dot_cursorlog__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cursorlog.v1.CursorLog/AppendStream',
+            cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.SerializeToString,
+            cursorlog_dot_v1_dot_cursorlog__pb2.AppendResult.FromString,
             options,
             channel_credentials,
             insecure,
