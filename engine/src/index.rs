@@ -18,6 +18,16 @@ use crate::log::Position;
 use crate::record::EventBody;
 use crate::state::{SessionMeta, StateView, StreamMeta};
 
+mod chunk;
+mod txn;
+
+pub(crate) use txn::{StreamCache, Txn};
+
+use chunk::{
+    chunk_key, decode_chunk, encode_chunk, merge_run_start, sled_lower_bound, sled_upper_bound,
+    split_event_key, ChunkEntries, Stored, CHUNK_BITS,
+};
+
 /// Key prefixes. One byte each; see FORMAT.md "Index key schema".
 pub(crate) mod prefix {
     pub const SESSION: u8 = b'N';
@@ -32,7 +42,8 @@ pub(crate) mod prefix {
 const APPLIED_LSN: &[u8] = b"Mapplied_lsn";
 const INDEX_VERSION: &[u8] = b"Mindex_version";
 /// Version of the key schema; a mismatch rebuilds the index from the log.
-const INDEX_VERSION_VALUE: u32 = 1;
+/// 1: one `E` key per run start. 2: run starts grouped in `E` chunks (see FORMAT.md).
+const INDEX_VERSION_VALUE: u32 = 2;
 
 /// A session with the LSN of the record its state was last carried from.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -320,16 +331,9 @@ impl Index {
             mem.flushing = Some(Arc::clone(&frozen));
             (frozen, mem.active_lsn)
         };
-        let mut batch = sled::Batch::default();
-        for (k, v) in frozen.iter() {
-            match v {
-                Some(v) => batch.insert(k.as_slice(), v.as_slice()),
-                None => batch.remove(k.as_slice()),
-            }
-        }
-        batch.insert(APPLIED_LSN, &lsn.to_le_bytes());
-        batch.insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes());
-        let applied = self.tree.apply_batch(batch);
+        let applied = self
+            .batch_of(&frozen, lsn)
+            .and_then(|batch| Ok(self.tree.apply_batch(batch)?));
         let mut mem = self.mem_mut();
         match applied {
             Ok(()) => {
@@ -342,8 +346,65 @@ impl Index {
                 restored.extend(std::mem::take(&mut mem.active));
                 mem.active = restored;
                 mem.flushing = None;
-                Err(e.into())
+                Err(e)
             }
+        }
+    }
+
+    /// The sled batch that moves `frozen` into sled: run starts are merged into their
+    /// chunks (read from sled, changed, written once per flush), other keys are copied.
+    /// Only the flush (one at a time) writes sled, so the chunks read here are current.
+    fn batch_of(&self, frozen: &Overlay, lsn: u64) -> Result<sled::Batch> {
+        let mut batch = sled::Batch::default();
+        let mut changes = frozen.iter().peekable();
+        while let Some((k, v)) = changes.next() {
+            let Some((stream, seq)) = split_event_key(k) else {
+                match v {
+                    Some(v) => batch.insert(k.as_slice(), v.as_slice()),
+                    None => batch.remove(k.as_slice()),
+                }
+                continue;
+            };
+            let chunk = seq >> CHUNK_BITS;
+            let key = chunk_key(stream, chunk);
+            let mut entries = match self.tree.get(key)? {
+                Some(stored) => decode_chunk(&key, &stored)?,
+                None => ChunkEntries::new(),
+            };
+            merge_run_start(&mut entries, k, seq, v.as_ref())?;
+            // The memtable is ordered, so the chunk's other changes follow this one.
+            while let Some((k, v)) = changes.next_if(|(k, _)| {
+                split_event_key(k).is_some_and(|(s, q)| s == stream && q >> CHUNK_BITS == chunk)
+            }) {
+                let seq = split_event_key(k).map_or(seq, |(_, q)| q);
+                merge_run_start(&mut entries, k, seq, v.as_ref())?;
+            }
+            if entries.is_empty() {
+                batch.remove(&key);
+            } else {
+                batch.insert(&key, encode_chunk(&entries));
+            }
+        }
+        batch.insert(APPLIED_LSN, &lsn.to_le_bytes());
+        batch.insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes());
+        Ok(batch)
+    }
+
+    /// sled's entries in `start..end` as readers see them (run starts expanded from their
+    /// chunks), ascending or, with `rev`, descending.
+    fn stored(&self, start: &[u8], end: Option<&[u8]>, rev: bool) -> Stored {
+        let lower = sled_lower_bound(start);
+        let iter = match end.and_then(sled_upper_bound) {
+            Some(upper) => self.tree.range(lower..upper),
+            None => self.tree.range(lower..),
+        };
+        Stored {
+            iter,
+            rev,
+            start: start.to_vec(),
+            end: end.map(<[u8]>::to_vec),
+            chunk_stream: 0,
+            pending: ChunkEntries::new(),
         }
     }
 
@@ -384,34 +445,28 @@ impl Index {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let overlay = self.overlay_range(start, end);
-        let mut stored = match end {
-            Some(end) => self.tree.range(start..end),
-            None => self.tree.range(start..),
-        };
+        let mut stored = self.stored(start, end, false);
         let mut overlay = overlay.into_iter().peekable();
-        let mut next_stored = stored.next().transpose()?;
+        let mut next_stored = stored.next()?;
         let mut out = Vec::new();
         while out.len() < limit {
             let take_overlay = match (&next_stored, overlay.peek()) {
                 (None, None) => break,
                 (None, Some(_)) => true,
                 (Some(_), None) => false,
-                (Some((sk, _)), Some((ok, _))) => ok.as_slice() <= sk.as_ref(),
+                (Some((sk, _)), Some((ok, _))) => ok <= sk,
             };
             if take_overlay {
                 let Some((k, v)) = overlay.next() else { break };
-                if next_stored
-                    .as_ref()
-                    .is_some_and(|(sk, _)| sk.as_ref() == k.as_slice())
-                {
-                    next_stored = stored.next().transpose()?;
+                if next_stored.as_ref().is_some_and(|(sk, _)| *sk == k) {
+                    next_stored = stored.next()?;
                 }
                 if let Some(v) = v {
                     out.push((k, v));
                 }
-            } else if let Some((k, v)) = next_stored.take() {
-                out.push((k.to_vec(), v.to_vec()));
-                next_stored = stored.next().transpose()?;
+            } else if let Some(kv) = next_stored.take() {
+                out.push(kv);
+                next_stored = stored.next()?;
             }
         }
         Ok(out)
@@ -452,30 +507,27 @@ impl Index {
     fn last_live(&self, start: &[u8], end: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         let overlay = self.overlay_range(start, Some(end));
         let mut overlay = overlay.into_iter().rev().peekable();
-        let mut stored = self.tree.range(start..end).rev();
-        let mut next_stored = stored.next().transpose()?;
+        let mut stored = self.stored(start, Some(end), true);
+        let mut next_stored = stored.next()?;
         loop {
             let take_overlay = match (&next_stored, overlay.peek()) {
                 (None, None) => return Ok(None),
                 (None, Some(_)) => true,
                 (Some(_), None) => false,
-                (Some((sk, _)), Some((ok, _))) => ok.as_slice() >= sk.as_ref(),
+                (Some((sk, _)), Some((ok, _))) => ok >= sk,
             };
             if take_overlay {
                 let Some((k, v)) = overlay.next() else {
                     return Ok(None);
                 };
-                if next_stored
-                    .as_ref()
-                    .is_some_and(|(sk, _)| sk.as_ref() == k.as_slice())
-                {
-                    next_stored = stored.next().transpose()?;
+                if next_stored.as_ref().is_some_and(|(sk, _)| *sk == k) {
+                    next_stored = stored.next()?;
                 }
                 if let Some(v) = v {
                     return Ok(Some((k, v)));
                 }
-            } else if let Some((k, v)) = next_stored.take() {
-                return Ok(Some((k.to_vec(), v.to_vec())));
+            } else if let Some(kv) = next_stored.take() {
+                return Ok(Some(kv));
             }
         }
     }
@@ -534,6 +586,16 @@ impl KvRead for Index {
                 return Ok(v.clone());
             }
         }
+        if split_event_key(key).is_some() {
+            // A run start lives in its chunk.
+            let mut after = key.to_vec();
+            after.push(0);
+            return Ok(self
+                .range(key, Some(&after), 1)?
+                .pop()
+                .filter(|(k, _)| k == key)
+                .map(|(_, v)| v));
+        }
         Ok(self.tree.get(key)?.map(|v| v.to_vec()))
     }
 
@@ -560,196 +622,5 @@ impl StateView for Index {
     }
 }
 
-/// Decoded streams by id (`None`: known not to exist).
-pub(crate) type StreamCache = HashMap<u64, Option<StoredStream>>;
-
-/// Pending index writes over a read view of the index.
-///
-/// Streams are kept decoded while a group commit is planned (an append touches its stream
-/// once per event) and encoded once, when the writes are taken.
-#[derive(Debug)]
-pub(crate) struct Txn<'a> {
-    base: &'a Index,
-    writes: Overlay,
-    streams: RefCell<StreamCache>,
-    dirty_streams: BTreeSet<u64>,
-}
-
-impl<'a> Txn<'a> {
-    pub(crate) fn new(base: &'a Index) -> Self {
-        Self::with_streams(base, StreamCache::new())
-    }
-
-    /// A transaction that starts from already decoded streams. They must equal what `base`
-    /// holds for them: the writer passes the cache the previous [`Index::commit`] returned
-    /// (it is the only one changing the index), so a stream is decoded once, not per commit.
-    pub(crate) fn with_streams(base: &'a Index, streams: StreamCache) -> Self {
-        Self {
-            base,
-            writes: Overlay::new(),
-            streams: RefCell::new(streams),
-            dirty_streams: BTreeSet::new(),
-        }
-    }
-
-    /// The decoded streams, when the transaction is dropped without committing anything.
-    /// Only valid if nothing was changed ([`Txn::is_empty`]).
-    pub(crate) fn into_streams(self) -> StreamCache {
-        debug_assert!(
-            self.is_empty(),
-            "a changed transaction's cache is not the index"
-        );
-        self.streams.into_inner()
-    }
-
-    /// Calls `f` with the stream (as this transaction sees it) without copying it.
-    pub(crate) fn with_stream<R>(
-        &self,
-        id: u64,
-        f: impl FnOnce(Option<&StoredStream>) -> R,
-    ) -> Result<R> {
-        if !self.streams.borrow().contains_key(&id) {
-            self.stored_stream(id)?;
-        }
-        let streams = self.streams.borrow();
-        Ok(f(streams.get(&id).and_then(Option::as_ref)))
-    }
-
-    pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.forget_cached(&key);
-        self.writes.insert(key, Some(value));
-    }
-
-    pub(crate) fn remove_raw(&mut self, key: Vec<u8>) {
-        self.forget_cached(&key);
-        self.writes.insert(key, None);
-    }
-
-    /// A raw write to a stream key replaces any decoded copy.
-    fn forget_cached(&mut self, key: &[u8]) {
-        if key.first() == Some(&prefix::STREAM) {
-            if let Some(id) = key
-                .get(1..9)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            {
-                self.streams.get_mut().remove(&id);
-                self.dirty_streams.remove(&id);
-            }
-        }
-    }
-
-    pub(crate) fn put_session(&mut self, s: &StoredSession) {
-        self.put_raw(session_key(&s.meta.id), encode_value(s));
-    }
-
-    pub(crate) fn put_stream(&mut self, s: &StoredStream) {
-        self.streams.get_mut().insert(s.meta.id, Some(s.clone()));
-        self.dirty_streams.insert(s.meta.id);
-    }
-
-    /// Changes a stream in place (if it exists) without copying it: the per-event path.
-    pub(crate) fn update_stream(
-        &mut self,
-        id: u64,
-        f: impl FnOnce(&mut StoredStream),
-    ) -> Result<()> {
-        if !self.streams.get_mut().contains_key(&id) {
-            self.stored_stream(id)?;
-        }
-        if let Some(Some(s)) = self.streams.get_mut().get_mut(&id) {
-            f(s);
-            self.dirty_streams.insert(id);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn put_terminal_frame(&mut self, e: &EventBody) {
-        self.put_raw(terminal_frame_key(e.stream).to_vec(), encode_value(e));
-    }
-
-    pub(crate) fn put_position(&mut self, stream: u64, seq: u64, pos: Position) {
-        self.writes
-            .insert(event_key(stream, seq).to_vec(), Some(pos.encode().to_vec()));
-    }
-
-    /// True when nothing is pending.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.dirty_streams.is_empty()
-    }
-
-    /// The pending writes, with changed streams encoded, and the decoded streams.
-    fn into_writes(mut self) -> (Overlay, StreamCache) {
-        let streams = self.streams.into_inner();
-        for id in std::mem::take(&mut self.dirty_streams) {
-            if let Some(Some(s)) = streams.get(&id) {
-                self.writes
-                    .insert(stream_key(id).to_vec(), Some(encode_value(s)));
-            }
-        }
-        (self.writes, streams)
-    }
-}
-
-impl KvRead for Txn<'_> {
-    fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if key.first() == Some(&prefix::STREAM) {
-            if let Some(id) = key
-                .get(1..9)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            {
-                if let Some(cached) = self.streams.borrow().get(&id) {
-                    return Ok(cached.as_ref().map(encode_value));
-                }
-            }
-        }
-        match self.writes.get(key) {
-            Some(v) => Ok(v.clone()),
-            None => self.base.raw_get(key),
-        }
-    }
-
-    fn stored_stream(&self, id: u64) -> Result<Option<StoredStream>> {
-        if let Some(cached) = self.streams.borrow().get(&id) {
-            return Ok(cached.clone());
-        }
-        let k = stream_key(id);
-        let found = match self.writes.get(k.as_slice()) {
-            Some(v) => v.clone(),
-            None => self.base.raw_get(&k)?,
-        };
-        let decoded: Option<StoredStream> = found.map(|v| decode_value(&k, &v)).transpose()?;
-        self.streams.borrow_mut().insert(id, decoded.clone());
-        Ok(decoded)
-    }
-
-    fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> =
-            self.base.raw_scan(prefix)?.into_iter().collect();
-        for (k, v) in self
-            .writes
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            match v {
-                Some(v) => merged.insert(k.clone(), v.clone()),
-                None => merged.remove(k),
-            };
-        }
-        Ok(merged.into_iter().collect())
-    }
-
-    fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let mut merged: std::collections::BTreeSet<Vec<u8>> =
-            self.base.raw_range_keys(start, end)?.into_iter().collect();
-        for (k, v) in self.writes.range(start.to_vec()..end.to_vec()) {
-            if v.is_some() {
-                merged.insert(k.clone());
-            } else {
-                merged.remove(k);
-            }
-        }
-        Ok(merged.into_iter().collect())
-    }
-}
+#[cfg(test)]
+mod tests;

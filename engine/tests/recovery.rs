@@ -1120,6 +1120,87 @@ fn deleting_the_index_rebuilds_an_identical_one() {
     e.close().unwrap();
 }
 
+/// Opens the index's sled database directly, waiting for a closed engine's sled threads to
+/// let go of its lock.
+fn open_index_db(dir: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::open(dir.join("index")) {
+            Ok(db) => return db,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("opening the index: {e}"),
+        }
+    }
+}
+
+/// Every key and value of the index tree as sled holds it (the run-start chunks included).
+fn raw_index(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let db = open_index_db(dir);
+    let tree = db.open_tree("cursorlog").unwrap();
+    tree.iter()
+        .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
+        .filter(|(k, _)| k.as_slice() != b"Mapplied_lsn")
+        .collect()
+}
+
+/// An index written by key schema 1 (one `E` key per run start, `Mindex_version` 1) is
+/// detected at open and rebuilt from the log into the current schema, byte for byte the
+/// index the live engine kept.
+#[test]
+fn an_index_of_an_older_schema_version_is_rebuilt_from_the_log() {
+    let dir = tmp();
+    let e = open(dir.path(), SyncPolicy::Never, SMALL_SEGMENT);
+    for phase in 0..3 {
+        workload(&e, phase);
+    }
+    let live_dump = e.index_dump().unwrap();
+    let live_view = observe(&e);
+    e.close().unwrap();
+    drop(e);
+    let live_raw = raw_index(dir.path());
+
+    // Rewrite it the way version 1 stored it: run starts as their own keys (the layout
+    // `index_dump` shows them in), version 1.
+    {
+        let db = open_index_db(dir.path());
+        let tree = db.open_tree("cursorlog").unwrap();
+        let chunks: Vec<_> = tree.scan_prefix(b"E").keys().map(Result::unwrap).collect();
+        assert!(
+            !chunks.is_empty(),
+            "test setup: the workload has run starts"
+        );
+        for k in chunks {
+            tree.remove(k).unwrap();
+        }
+        let runs: Vec<_> = live_dump.iter().filter(|(k, _)| k[0] == b'E').collect();
+        assert!(runs.len() > 1);
+        for (k, v) in runs {
+            tree.insert(k.as_slice(), v.as_slice()).unwrap();
+        }
+        tree.insert(b"Mindex_version", &1u32.to_le_bytes()).unwrap();
+        db.flush().unwrap();
+    }
+
+    let e = open(dir.path(), SyncPolicy::Never, SMALL_SEGMENT);
+    let report = e.recovery_report().clone();
+    assert!(report.index_rebuilt, "{report}");
+    assert!(report.records_replayed > 0, "{report}");
+    assert_eq!(e.index_dump().unwrap(), live_dump);
+    assert_eq!(observe(&e), live_view);
+    e.close().unwrap();
+    drop(e);
+    assert_eq!(raw_index(dir.path()), live_raw, "the rebuilt sled tree");
+
+    // The rebuilt index is kept by the next open.
+    let e = open(dir.path(), SyncPolicy::Never, SMALL_SEGMENT);
+    assert!(!e.recovery_report().index_rebuilt);
+    assert_eq!(e.index_dump().unwrap(), live_dump);
+    e.close().unwrap();
+}
+
 #[test]
 fn an_index_older_than_the_log_catches_up_to_a_full_rebuild() {
     let dir = tmp();
