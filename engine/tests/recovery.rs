@@ -1071,17 +1071,23 @@ fn workload(e: &Engine, phase: u32) {
     }
 }
 
-#[test]
-fn deleting_the_index_rebuilds_an_identical_one() {
-    let dir = tmp();
-    let e = open(dir.path(), SyncPolicy::Never, SMALL_SEGMENT);
+/// Runs every workload phase on a fresh engine in `dir` and closes it; returns the live
+/// index's dump and what a client observed.
+fn run_workload_and_close(dir: &Path) -> (Vec<(Vec<u8>, Vec<u8>)>, Vec<String>) {
+    let e = open(dir, SyncPolicy::Never, SMALL_SEGMENT);
     for phase in 0..3 {
         workload(&e, phase);
     }
-    let live_dump = e.index_dump().unwrap();
-    let live_view = observe(&e);
+    let dump = e.index_dump().unwrap();
+    let view = observe(&e);
     e.close().unwrap();
-    drop(e);
+    (dump, view)
+}
+
+#[test]
+fn deleting_the_index_rebuilds_an_identical_one() {
+    let dir = tmp();
+    let (live_dump, live_view) = run_workload_and_close(dir.path());
     assert!(segment_files(dir.path()).len() >= 3);
     assert_ne!(
         segment_files(dir.path())[0].file_name().unwrap(),
@@ -1152,14 +1158,7 @@ fn raw_index(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
 #[test]
 fn an_index_of_an_older_schema_version_is_rebuilt_from_the_log() {
     let dir = tmp();
-    let e = open(dir.path(), SyncPolicy::Never, SMALL_SEGMENT);
-    for phase in 0..3 {
-        workload(&e, phase);
-    }
-    let live_dump = e.index_dump().unwrap();
-    let live_view = observe(&e);
-    e.close().unwrap();
-    drop(e);
+    let (live_dump, live_view) = run_workload_and_close(dir.path());
     let live_raw = raw_index(dir.path());
 
     // Rewrite it the way version 1 stored it: run starts as their own keys (the layout
