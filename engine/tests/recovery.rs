@@ -1071,9 +1071,12 @@ fn workload(e: &Engine, phase: u32) {
     }
 }
 
+/// An index's entries as `Engine::index_dump` lists them.
+type IndexDump = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Runs every workload phase on a fresh engine in `dir` and closes it; returns the live
 /// index's dump and what a client observed.
-fn run_workload_and_close(dir: &Path) -> (Vec<(Vec<u8>, Vec<u8>)>, Vec<String>) {
+fn run_workload_and_close(dir: &Path) -> (IndexDump, Vec<String>) {
     let e = open(dir, SyncPolicy::Never, SMALL_SEGMENT);
     for phase in 0..3 {
         workload(&e, phase);
