@@ -198,10 +198,17 @@ fn put_stream(txn: &mut Txn<'_>, snap: StreamSnapshot, lsn: u64) -> Result<()> {
     }
     txn.put_raw(origin_key(lsn, ORIGIN_STREAM, &id), Vec::new());
     if let Some(c) = &meta.correlation {
-        txn.put_raw(
-            outcome_key(&meta.session, c),
-            meta.id.to_le_bytes().to_vec(),
-        );
+        // The newest stream answering a correlation id is its outcome. A snapshot of an
+        // older stream, carried forward when its segment retires, must not take it back.
+        let newer_exists = txn
+            .outcome_stream(&meta.session, c)?
+            .is_some_and(|current| current > meta.id);
+        if !newer_exists {
+            txn.put_raw(
+                outcome_key(&meta.session, c),
+                meta.id.to_le_bytes().to_vec(),
+            );
+        }
     }
     if meta.state.is_terminal() {
         txn.remove_raw(open_stream_key(&meta.session, meta.id));

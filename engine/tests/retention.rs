@@ -225,3 +225,47 @@ fn metadata_past_the_horizon_is_forgotten() {
     );
     assert_eq!(e.outcome("s", "r").unwrap(), None);
 }
+
+/// A retried request opens a second stream with the same correlation id; the newest one is
+/// the outcome. Retiring the segment that held the first stream carries its snapshot
+/// forward, and that must not make the first stream the outcome again — live, after a
+/// reopen, or after rebuilding the index from the log. (Found by the model test.)
+#[test]
+fn carried_forward_snapshot_of_an_older_stream_does_not_take_back_the_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    let (_, first) = open_stream(&e, "s", Some("req"));
+    e.complete("s", first, None, NewEvent::new("result", b"first".to_vec()))
+        .unwrap();
+    let (_, s) = open_stream(&e, "s", None);
+    fill(&e, "s", s, 50);
+    let (_, retry) = open_stream(&e, "s", Some("req"));
+    assert!(retry > first);
+    fill(&e, "s", s, 50);
+    assert_eq!(e.outcome("s", "req").unwrap().unwrap().stream, retry);
+
+    e.trim("s", first, 1).unwrap();
+    e.trim("s", s, 20).unwrap();
+    assert!(
+        e.run_retention().unwrap() >= 1,
+        "the first stream's segment retires"
+    );
+    let check = |e: &Engine| {
+        let o = e.outcome("s", "req").unwrap().expect("an outcome");
+        assert_eq!(o.stream, retry, "the newest stream answers the request");
+        assert!(o.frame.is_none(), "the retry has not finished");
+    };
+    check(&e);
+    e.close().unwrap();
+    drop(e);
+
+    let e = Engine::open(config(dir.path())).unwrap();
+    check(&e);
+    e.close().unwrap();
+    drop(e);
+
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert!(e.recovery_report().index_rebuilt);
+    check(&e);
+}
