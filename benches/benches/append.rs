@@ -72,6 +72,79 @@ fn run_appenders(
     })
 }
 
+/// [`run_appenders`] with the appenders as tasks on a multi-threaded tokio runtime calling
+/// [`Engine::append_async`], as the gRPC server's handlers do: a waiting appender is a parked
+/// task, not a blocked thread, so a group commit's answers wake a runtime worker or two
+/// rather than 64 threads.
+fn run_appender_tasks(
+    runtime: &tokio::runtime::Runtime,
+    engine: &Engine,
+    streams: &[(String, u64)],
+    batch: usize,
+    body: &[u8],
+    iters: u64,
+) -> Duration {
+    let tasks = streams.len() as u64;
+    runtime.block_on(async {
+        let start = Instant::now();
+        let handles: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(i, (session, stream))| {
+                let calls = iters / tasks + u64::from((i as u64) < iters % tasks);
+                let engine = engine.clone();
+                let session = session.clone();
+                let stream = *stream;
+                let body = body.to_vec();
+                tokio::spawn(async move {
+                    for _ in 0..calls {
+                        engine
+                            .append_async(append_request(&session, stream, batch, &body))
+                            .await
+                            .expect("append");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.expect("appender task panicked");
+        }
+        start.elapsed()
+    })
+}
+
+/// 64 appenders as tokio tasks, one event per append (see [`run_appender_tasks`]).
+fn bench_tasks(c: &mut Criterion, policy: SyncPolicy) {
+    const TASKS: usize = 64;
+    let body = payload();
+    if policy == SyncPolicy::Always {
+        disk_ceiling(c, TASKS);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("building the appenders' tokio runtime");
+    let mut group = c.benchmark_group(format!("append/{policy}"));
+    let fixture = Fixture::open(policy, SEGMENT_BYTES_MAX);
+    let streams: Vec<(String, u64)> = (0..TASKS)
+        .map(|i| {
+            let session = format!("bench-session-{i}");
+            let stream = fixture.stream(&session);
+            (session, stream)
+        })
+        .collect();
+    let before = fixture.engine.stats().expect("reading engine stats");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function(BenchmarkId::new(format!("tasks_{TASKS}"), "batch_1"), |b| {
+        b.iter_custom(|iters| {
+            run_appender_tasks(&runtime, &fixture.engine, &streams, 1, &body, iters)
+        });
+    });
+    let label = format!("append/{policy}/tasks_{TASKS}/batch_1");
+    print_write_stats(&label, &fixture.engine, &before);
+    group.finish();
+}
+
 fn bench_policy(c: &mut Criterion, policy: SyncPolicy) {
     let body = payload();
     for appenders in APPENDERS {
@@ -105,10 +178,12 @@ fn bench_policy(c: &mut Criterion, policy: SyncPolicy) {
 
 fn append_always(c: &mut Criterion) {
     bench_policy(c, SyncPolicy::Always);
+    bench_tasks(c, SyncPolicy::Always);
 }
 
 fn append_never(c: &mut Criterion) {
     bench_policy(c, SyncPolicy::Never);
+    bench_tasks(c, SyncPolicy::Never);
 }
 
 /// An append-only file that starts over in a new file at the engine's segment size, so the
