@@ -1,6 +1,11 @@
 //! Request and response values of the engine's domain API.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+
 use crate::cursor::Cursor;
+use crate::record::EventBody;
 use crate::state::StreamState;
 
 /// An event as handed in by a producer; cursorlog assigns its seq and time.
@@ -26,6 +31,10 @@ impl NewEvent {
 }
 
 /// A stored event.
+///
+/// Reads share rather than copy: `payload` is a slice of the sealed segment's map (or of
+/// the read's buffer for the active segment), and events of one read with the same kind
+/// share one `kind` string. Holding an event keeps that map (or buffer) alive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     /// Its stream.
@@ -33,13 +42,27 @@ pub struct Event {
     /// Its seq within the stream (1-based).
     pub seq: u64,
     /// Application-defined kind.
-    pub kind: String,
+    pub kind: Arc<str>,
     /// JSON-RPC request id, if any.
     pub correlation: Option<String>,
-    /// The payload bytes.
-    pub payload: Vec<u8>,
+    /// The payload bytes, exactly as appended.
+    pub payload: Bytes,
     /// When it was appended, ms since the Unix epoch.
     pub appended_at_ms: u64,
+}
+
+impl Event {
+    /// The event a decoded body carries, copied out of it (terminal frames).
+    pub(crate) fn from_body(b: EventBody) -> Self {
+        Self {
+            stream: b.stream,
+            seq: b.seq,
+            kind: b.kind.into(),
+            correlation: b.correlation,
+            payload: b.payload.into(),
+            appended_at_ms: b.at_ms,
+        }
+    }
 }
 
 /// Result of opening (or re-opening) a session.

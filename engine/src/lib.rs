@@ -57,6 +57,8 @@ pub use api::{
     Append, Appended, EpochAdvanced, Event, NewEvent, OpenStream, Outcome, ReadBatch,
     SessionExpired, SessionInfo, Stats, StreamInfo, Terminated,
 };
+/// The payload type of [`Event`], re-exported so callers need not depend on `bytes` themselves.
+pub use bytes::Bytes;
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
 pub use engine::Engine;

@@ -8,8 +8,10 @@ use std::fs::File;
 /// # Invariants
 /// Only sealed segments are mapped. A sealed segment is never written, truncated or
 /// overwritten while cursorlog holds its directory lock; it is unlinked only after the last
-/// `Arc<Segment>` (and with it this map) is dropped. Every read through the map checks the
-/// frame CRC, so bytes changed behind our back are reported as corruption, not served.
+/// `Arc<Segment>` is dropped, and a map outliving that (events read from it share it as
+/// `Bytes`) keeps the unlinked file's pages valid until the last of them goes. Every read
+/// through the map checks the frame CRC, so bytes changed behind our back are reported as
+/// corruption, not served.
 #[derive(Debug)]
 pub struct SegmentMap(memmap2::Mmap);
 
@@ -23,9 +25,12 @@ impl SegmentMap {
         let map = unsafe { memmap2::Mmap::map(file)? };
         Ok(Self(map))
     }
+}
 
-    /// The mapped bytes.
-    pub(crate) fn bytes(&self) -> &[u8] {
+/// Lets a map own a `bytes::Bytes`, so events read from a sealed segment carry slices of
+/// the map instead of copies of their payloads.
+impl AsRef<[u8]> for SegmentMap {
+    fn as_ref(&self) -> &[u8] {
         &self.0
     }
 }

@@ -6,7 +6,13 @@ use crate::engine::Engine;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::index::KvRead;
-use crate::record::{check_frame, decode_event_body, tag, EventBody, FrameError, Record, Terminal};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::record::{
+    check_frame, decode_event_view, tag, EventBody, EventView, FrameError, Record, Terminal,
+};
 use crate::segment::Segment;
 use crate::state::StreamMeta;
 use crate::verdict::{decide, past_horizon, Resolution};
@@ -129,14 +135,9 @@ impl Engine {
             return Ok(None);
         };
         let frame = if meta.has_terminal_frame {
-            index.terminal_frame(stream)?.map(|b| Event {
-                stream,
-                seq: b.seq,
-                kind: b.kind,
-                correlation: b.correlation,
-                payload: b.payload,
-                appended_at_ms: b.at_ms,
-            })
+            index
+                .terminal_frame(stream)?
+                .map(|b| Event::from_body(EventBody { stream, ..b }))
         } else {
             None
         };
@@ -170,6 +171,7 @@ fn read_events(
     let mut events = Vec::with_capacity(wanted);
     let runs = shared.index.runs_from(stream, from, until, wanted)?;
     let mut expected = from;
+    let mut kinds = Kinds::default();
     for (i, (start, pos)) in runs.iter().enumerate() {
         let run_end = runs.get(i + 1).map_or(u64::MAX, |r| r.0);
         if run_end <= expected || *start > expected {
@@ -189,7 +191,8 @@ fn read_events(
             if seq < expected {
                 offset += frame_len_at(&seg, &mut ahead, offset)?;
             } else {
-                let (event, len) = read_frame_at(&seg, &mut ahead, offset, stream, seq)?;
+                let (event, len) =
+                    read_frame_at(&seg, &mut ahead, &mut kinds, offset, stream, seq)?;
                 events.push(event);
                 offset += len;
                 expected = seq + 1;
@@ -237,22 +240,43 @@ const READ_AHEAD_BYTES: u64 = 256 * 1024;
 #[derive(Debug, Default)]
 struct ReadAhead {
     start: u64,
-    bytes: Vec<u8>,
+    /// A fresh buffer per window: the events read from the previous one share it.
+    bytes: Bytes,
 }
 
 impl ReadAhead {
     /// The bytes from `offset` on, at least `need` of them unless the segment ends first.
     fn at(&mut self, seg: &Segment, offset: u64, need: u64) -> Result<&[u8]> {
+        let (bytes, from) = self.window(seg, offset, need)?;
+        Ok(bytes.get(from..).unwrap_or_default())
+    }
+
+    /// The window holding `offset .. offset + need` and where `offset` is in it.
+    fn window(&mut self, seg: &Segment, offset: u64, need: u64) -> Result<(&Bytes, usize)> {
         let end = self.start + self.bytes.len() as u64;
         if offset < self.start || offset.saturating_add(need) > end {
             let len = need
                 .max(READ_AHEAD_BYTES)
                 .min(seg.len().saturating_sub(offset));
-            self.bytes = seg.read_unmapped(offset, len)?;
+            self.bytes = seg.read_unmapped(offset, len)?.into();
             self.start = offset;
         }
         let from = usize::try_from(offset - self.start).unwrap_or(usize::MAX);
-        Ok(self.bytes.get(from..).unwrap_or_default())
+        Ok((&self.bytes, from))
+    }
+}
+
+/// The kind string of the last event a read decoded: consecutive events of one kind (the
+/// common case) share it instead of allocating one each.
+#[derive(Default)]
+struct Kinds(Option<Arc<str>>);
+
+impl Kinds {
+    fn get(&mut self, kind: &str) -> Arc<str> {
+        match &self.0 {
+            Some(last) if **last == *kind => Arc::clone(last),
+            _ => Arc::clone(self.0.insert(Arc::from(kind))),
+        }
     }
 }
 
@@ -287,16 +311,21 @@ fn bad_length(n: u64) -> CorruptionKind {
 fn read_frame_at(
     seg: &Segment,
     ahead: &mut ReadAhead,
+    kinds: &mut Kinds,
     offset: u64,
     stream: u64,
     seq: u64,
 ) -> Result<(Event, u64)> {
     let len = frame_len_at(seg, ahead, offset)?;
-    let bytes = match seg.mapped_from(offset) {
-        Some(bytes) => bytes,
-        None => ahead.at(seg, offset, len)?,
+    // The frame's bytes and the buffer they are in, which the payload will share.
+    let (source, from) = match seg.map() {
+        Some(map) => (map, usize::try_from(offset).unwrap_or(usize::MAX)),
+        None => ahead.window(seg, offset, len)?,
     };
-    let decoded = match usize::try_from(len).ok().and_then(|n| bytes.get(..n)) {
+    let frame = usize::try_from(len)
+        .ok()
+        .and_then(|n| source.get(from..from.checked_add(n)?));
+    let decoded = match frame {
         Some(frame) => decode_event_frame(frame),
         None => return Err(frame_error(seg, offset, bad_length(len))),
     };
@@ -321,40 +350,63 @@ fn read_frame_at(
             )),
         ));
     };
-    if body.stream != stream || body.seq != seq {
+    let (found_stream, found_seq) = body.stream_seq();
+    if found_stream != stream || found_seq != seq {
         return Err(frame_error(
             seg,
             offset,
             CorruptionKind::BadBody(format!(
-                "expected event {stream}/{seq}, found {}/{}",
-                body.stream, body.seq
+                "expected event {stream}/{seq}, found {found_stream}/{found_seq}"
             )),
         ));
     }
-    let event = Event {
-        stream,
-        seq,
-        kind: body.kind,
-        correlation: body.correlation,
-        payload: body.payload,
-        appended_at_ms: body.at_ms,
+    let event = match body {
+        FrameEvent::InPlace(v) => Event {
+            stream,
+            seq,
+            kind: kinds.get(v.kind),
+            correlation: v.correlation.map(str::to_owned),
+            payload: source.slice_ref(v.payload),
+            appended_at_ms: v.at_ms,
+        },
+        FrameEvent::Copied(b) => Event::from_body(b),
     };
     Ok((event, len))
+}
+
+/// The event a frame carries: an `Event` record's, borrowed from the frame, or a `Terminal`
+/// record's frame, decoded into its own copy.
+enum FrameEvent<'a> {
+    InPlace(EventView<'a>),
+    Copied(EventBody),
+}
+
+impl FrameEvent<'_> {
+    fn stream_seq(&self) -> (u64, u64) {
+        match self {
+            Self::InPlace(v) => (v.stream, v.seq),
+            Self::Copied(b) => (b.stream, b.seq),
+        }
+    }
 }
 
 /// Checks the frame at the start of `buf` (length, CRC) and decodes the event it carries:
 /// an `Event` record, or a `Terminal` one with a frame (`None` for any other record). Returns
 /// the frame's length too.
-fn decode_event_frame(buf: &[u8]) -> std::result::Result<(Option<EventBody>, u64), FrameError> {
+fn decode_event_frame(
+    buf: &[u8],
+) -> std::result::Result<(Option<FrameEvent<'_>>, u64), FrameError> {
     let header = check_frame(buf)?;
     let body = buf
         .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
         .ok_or(FrameError::Truncated)?;
     let event = if header.record_type == tag::EVENT {
-        Some(decode_event_body(body).map_err(FrameError::BadBody)?)
+        Some(FrameEvent::InPlace(
+            decode_event_view(body).map_err(FrameError::BadBody)?,
+        ))
     } else {
         match Record::decode(header.record_type, body).map_err(FrameError::BadBody)? {
-            Record::Terminal(Terminal { frame, .. }) => frame,
+            Record::Terminal(Terminal { frame, .. }) => frame.map(FrameEvent::Copied),
             _ => None,
         }
     };

@@ -294,24 +294,52 @@ impl Record {
 /// # Errors
 /// The body is not an event body.
 pub(crate) fn decode_event_body(body: &[u8]) -> Result<EventBody, String> {
+    let v = decode_event_view(body)?;
+    Ok(EventBody {
+        stream: v.stream,
+        seq: v.seq,
+        at_ms: v.at_ms,
+        kind: v.kind.to_owned(),
+        correlation: v.correlation.map(str::to_owned),
+        payload: v.payload.to_vec(),
+    })
+}
+
+/// An event body decoded in place: its strings and payload borrow the frame's bytes, so the
+/// read path can share them (payload slices of a segment's map) instead of copying them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EventView<'a> {
+    pub stream: u64,
+    pub seq: u64,
+    pub at_ms: u64,
+    pub kind: &'a str,
+    pub correlation: Option<&'a str>,
+    pub payload: &'a [u8],
+}
+
+/// [`decode_event_body`] without the copies: the same checks, the parts borrowed.
+///
+/// # Errors
+/// The body is not an event body.
+pub(crate) fn decode_event_view(body: &[u8]) -> Result<EventView<'_>, String> {
     let mut r = SliceReader(body);
     let stream = r.u64()?;
     let seq = r.u64()?;
     let at_ms = r.u64()?;
-    let kind = r.string()?;
+    let kind = r.str()?;
     let correlation = match r.u8()? {
         0 => None,
-        1 => Some(r.string()?),
+        1 => Some(r.str()?),
         t => return Err(format!("invalid option tag {t} for the correlation id")),
     };
-    let payload = r.bytes()?.to_vec();
+    let payload = r.bytes()?;
     if !r.0.is_empty() {
         return Err(format!(
             "{} trailing bytes after the record body",
             r.0.len()
         ));
     }
-    Ok(EventBody {
+    Ok(EventView {
         stream,
         seq,
         at_ms,
@@ -355,11 +383,9 @@ impl<'a> SliceReader<'a> {
         self.take(len)
     }
 
-    fn string(&mut self) -> Result<String, String> {
+    fn str(&mut self) -> Result<&'a str, String> {
         let b = self.bytes()?;
-        std::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|e| format!("invalid UTF-8 in a string: {e}"))
+        std::str::from_utf8(b).map_err(|e| format!("invalid UTF-8 in a string: {e}"))
     }
 }
 

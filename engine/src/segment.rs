@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::format::{encode_segment_header, segment_name, SEGMENT_HEADER_BYTES};
 use crate::fs::{FileSystem, SegmentFile};
-use crate::mmap::SegmentMap;
+use bytes::Bytes;
 
 /// A segment file named by the LSN of its first record.
 ///
@@ -24,7 +24,8 @@ pub(crate) struct Segment {
     /// Set when sealed on a file system without maps: reads use positional reads.
     sealed_unmapped: AtomicBool,
     len: AtomicU64,
-    map: OnceLock<SegmentMap>,
+    /// The sealed file's map, shared with the events read from it (see [`crate::SegmentMap`]).
+    map: OnceLock<Bytes>,
     delete_on_drop: AtomicBool,
 }
 
@@ -133,7 +134,7 @@ impl Segment {
             .map_err(Error::io(format!("mapping {}", self.path.display())))?
         {
             Some(map) => {
-                let _ = self.map.set(map);
+                let _ = self.map.set(Bytes::from_owner(map));
             }
             None => self.sealed_unmapped.store(true, Ordering::Release),
         }
@@ -173,7 +174,7 @@ impl Segment {
             let bytes = usize::try_from(offset)
                 .ok()
                 .zip(usize::try_from(end).ok())
-                .and_then(|(a, b)| map.bytes().get(a..b));
+                .and_then(|(a, b)| map.get(a..b));
             return match bytes {
                 Some(b) => Ok(f(b)),
                 None => Err(Error::Corruption {
@@ -205,7 +206,12 @@ impl Segment {
         let map = self.map.get()?;
         let start = usize::try_from(offset).ok()?;
         let end = usize::try_from(self.len()).ok()?;
-        map.bytes().get(start..end)
+        map.get(start..end)
+    }
+
+    /// The whole map of a sealed segment, to share slices of it (`None` while active).
+    pub(crate) fn map(&self) -> Option<&Bytes> {
+        self.map.get()
     }
 
     /// Unlink the file once the last handle (and its map) is dropped.

@@ -843,8 +843,8 @@ impl Harness {
                             (None, None) => {}
                             (Some(f), Some((seq, m))) => {
                                 assert_eq!(
-                                    (f.stream, f.seq, &f.kind, &f.correlation, &f.payload),
-                                    (s.id, seq, &m.kind, &m.correlation, &m.payload),
+                                    (f.stream, f.seq, &*f.kind, &f.correlation, &f.payload[..]),
+                                    (s.id, seq, m.kind.as_str(), &m.correlation, &m.payload[..]),
                                     "{ctx}: terminal frame"
                                 );
                                 let id = s.id;
@@ -1136,8 +1136,8 @@ impl Harness {
                 .get_mut(&e.seq)
                 .unwrap_or_else(|| panic!("{ctx}: engine served {id}/{} the model lacks", e.seq));
             assert_eq!(
-                (e.stream, &e.kind, &e.correlation, &e.payload),
-                (id, &m.kind, &m.correlation, &m.payload),
+                (e.stream, &*e.kind, &e.correlation, &e.payload[..]),
+                (id, m.kind.as_str(), &m.correlation, &m.payload[..]),
                 "{ctx}: event {id}/{} differs",
                 e.seq
             );

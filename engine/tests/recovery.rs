@@ -245,7 +245,7 @@ fn torn_tail_at_every_offset_of_the_last_event() {
             assert_eq!(&all[..expected.len()], &expected[..]);
             assert_eq!(all.len() as u64, N);
             assert_eq!(all[N as usize - 1].payload, replacement.payload);
-            assert_eq!(all[N as usize - 1].kind, replacement.kind);
+            assert_eq!(*all[N as usize - 1].kind, *replacement.kind);
         },
     );
 }
@@ -396,7 +396,7 @@ fn torn_tail_inside_a_completion_with_terminal_frame() {
             assert_eq!(r.verdict, Verdict::StreamTerminated);
             assert_eq!(r.facts.terminal_seq, Some(3));
             let o = e.outcome(SESSION, "req-9").unwrap().unwrap();
-            assert_eq!(o.frame.unwrap().payload, b"again");
+            assert_eq!(o.frame.unwrap().payload, &b"again"[..]);
         },
     );
 }

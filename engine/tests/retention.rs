@@ -91,7 +91,7 @@ fn trimmed_segments_are_deleted_and_cursors_below_are_evicted_across_reopen_and_
             .outcome("s", "req")
             .unwrap()
             .expect("outcome outlives the data");
-        assert_eq!(o.frame.unwrap().payload, b"ok");
+        assert_eq!(o.frame.unwrap().payload, &b"ok"[..]);
     };
     check(&e);
     let live = e.index_dump().unwrap();
@@ -268,4 +268,37 @@ fn carried_forward_snapshot_of_an_older_stream_does_not_take_back_the_outcome() 
     let e = Engine::open(config(dir.path())).unwrap();
     assert!(e.recovery_report().index_rebuilt);
     check(&e);
+}
+
+/// Events read from a sealed segment share its map instead of copying their payloads;
+/// retiring (unlinking) the segment while a caller still holds them must leave them intact.
+#[test]
+fn events_read_from_a_sealed_segment_outlive_its_retirement() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    let (_, s) = open_stream(&e, "s", None);
+    fill(&e, "s", s, 100);
+    let held = e.read("s", s, 0, 10).unwrap().events;
+    assert_eq!(held.len(), 10);
+    let before = segment_files(dir.path());
+    e.trim("s", s, 60).unwrap();
+    assert!(e.run_retention().unwrap() >= 1, "the first segments retire");
+    assert!(segment_files(dir.path()) < before, "their files are gone");
+    assert!(
+        matches!(
+            e.read("s", s, 0, 10),
+            Err(cursorlog_engine::Error::Evicted { .. })
+        ),
+        "the engine no longer serves them"
+    );
+    for (i, ev) in held.iter().enumerate() {
+        assert_eq!(ev.seq, i as u64 + 1);
+        assert_eq!(&*ev.kind, "progress");
+        assert_eq!(ev.payload.len(), 200);
+        assert!(ev.payload.iter().all(|b| usize::from(*b) == i % 251));
+    }
+    e.close().unwrap();
+    drop(e);
+    // Still readable with the engine gone too.
+    assert!(held[9].payload.iter().all(|b| *b == 9));
 }

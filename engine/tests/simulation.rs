@@ -141,7 +141,7 @@ fn check(engine: &Engine, model: &Model, seed: u64, step: usize) {
             for e in &batch.events {
                 assert_eq!(e.seq, after + 1, "{}", ctx("gap-free replay"));
                 after = e.seq;
-                got.push((e.kind.clone(), e.payload.clone()));
+                got.push((e.kind.to_string(), e.payload.to_vec()));
             }
         }
         let want: Vec<_> = s

@@ -258,10 +258,7 @@ fn stream_terminated_before_terminal_seq_points_to_the_outcome() {
     assert_eq!(o.stream, s);
     assert_eq!(o.state, StreamState::Completed);
     assert_eq!(o.terminal_seq, Some(4));
-    assert_eq!(
-        o.frame.as_ref().map(|e| e.payload.as_slice()),
-        Some(&b"done"[..])
-    );
+    assert_eq!(o.frame.as_ref().map(|e| &e.payload[..]), Some(&b"done"[..]));
     assert_eq!(o.frame.as_ref().map(|e| e.seq), Some(4));
     // Outcomes are per session.
     assert_eq!(f.engine.outcome("other", "req-9").unwrap(), None);
@@ -359,7 +356,7 @@ fn resumable_replays_strictly_after_the_cursor_without_gaps() {
         batch.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
         vec![5, 6, 7]
     );
-    assert_eq!(batch.events[0].payload, b"p4");
+    assert_eq!(batch.events[0].payload, &b"p4"[..]);
     assert!(!batch.end_of_stream);
     // Seq 0 (nothing received yet) is a valid cursor.
     assert_eq!(
@@ -640,6 +637,6 @@ fn async_append_matches_blocking_append() {
     ));
     assert_eq!(
         f.engine.read("s", s, 0, 10).unwrap().events[0].payload,
-        b"x"
+        &b"x"[..]
     );
 }

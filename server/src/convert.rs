@@ -79,7 +79,7 @@ pub fn event(epoch: u64, event: engine::Event) -> pb::Event {
         id: event_id(epoch, event.stream, event.seq),
         stream: event.stream,
         seq: event.seq,
-        kind: event.kind,
+        kind: event.kind.to_string(),
         correlation: event.correlation,
         payload: event.payload,
         appended_at_ms: event.appended_at_ms,

@@ -217,7 +217,7 @@ async fn append_is_idempotent_and_complete_is_terminal() {
     );
     let frame = outcome.frame.unwrap();
     assert_eq!((frame.seq, frame.kind.as_str()), (4, "result"));
-    assert_eq!(frame.payload, b"{\"ok\":true}");
+    assert_eq!(frame.payload, &b"{\"ok\":true}"[..]);
 
     let missing = c
         .get_outcome(pb::GetOutcomeRequest {
@@ -283,7 +283,7 @@ async fn read_replays_from_the_start_and_ends_at_the_terminal_frame() {
     assert!(all.error.is_none(), "{:?}", all.error);
     assert_eq!(all.resolution.unwrap().verdict(), Verdict::Resumable);
     assert_contiguous(&all.events, 1, 3);
-    assert_eq!(all.events[1].payload, b"20%");
+    assert_eq!(all.events[1].payload, &b"20%"[..]);
     assert_eq!(all.events[2].id, format!("{epoch}-{stream}-3"));
     assert!(
         all.end.is_none(),
@@ -351,7 +351,7 @@ async fn abort_keep_alive_and_unknown_streams() {
         .unwrap();
     assert_eq!(outcome.state(), StreamState::Aborted);
     assert_eq!(outcome.reason.as_deref(), Some("client cancelled"));
-    assert_eq!(outcome.frame.unwrap().payload, b"{\"code\":-32800}");
+    assert_eq!(outcome.frame.unwrap().payload, &b"{\"code\":-32800}"[..]);
     let r = resolve(&mut c, "s", &format!("{epoch}-{stream}-1"), None).await;
     assert_eq!(r.verdict(), Verdict::StreamTerminated);
     assert_eq!(r.stream_state(), StreamState::Aborted);

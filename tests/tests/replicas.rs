@@ -109,7 +109,7 @@ async fn follower_on_another_replica_gets_every_missed_event_then_the_result() {
     }
     let result = got.events.last().unwrap();
     assert_eq!(
-        (result.kind.as_str(), result.payload.as_slice()),
+        (result.kind.as_str(), &result.payload[..]),
         ("result", &b"{\"result\":\"done\"}"[..])
     );
     assert_eq!(result.id, done.terminal_event_id);
@@ -194,7 +194,7 @@ async fn terminal_cursor_of_a_finished_stream_replays_nothing() {
         .unwrap();
     assert_eq!(
         outcome.frame.unwrap().payload,
-        b"{\"content\":\"charged card\"}"
+        &b"{\"content\":\"charged card\"}"[..]
     );
 }
 
@@ -408,7 +408,7 @@ async fn restart_between_append_and_resolve_keeps_everything() {
     )
     .await;
     assert_contiguous(&all.events, 2, 3);
-    assert_eq!(all.events[1].payload, b"three");
+    assert_eq!(all.events[1].payload, &b"three"[..]);
     let r = resolve(&mut c, session, &format!("{epoch}-{done_stream}-1"), None).await;
     assert_eq!(
         (r.verdict(), r.missed_terminal_frame),

@@ -296,7 +296,7 @@ impl Writer {
             let seq = expected + i as u64;
             let stored = crate::read::read_event(&self.shared, req.stream, seq)?;
             let same = stored.as_ref().is_some_and(|s| {
-                s.payload == e.payload && s.kind == e.kind && s.correlation == e.correlation
+                s.payload == e.payload && *s.kind == *e.kind && s.correlation == e.correlation
             });
             if !same {
                 return Err(conflict(
