@@ -19,7 +19,10 @@ use crate::record::{encode_frame, Record};
 use crate::segment::Segment;
 use crate::state::StreamState;
 
+mod gather;
 mod plan;
+
+use gather::{Gather, Producers};
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
@@ -170,8 +173,6 @@ type Acks = Vec<(ReplyTo, Reply)>;
 
 /// Most requests in one group commit.
 const GROUP_REQUESTS_MAX: usize = 4096;
-/// Longest a group waits for the callers of the previous one to come back (see `run_loop`).
-const GATHER_WAIT_MAX: Duration = Duration::from_millis(1);
 
 /// Takes every queued request, up to [`GROUP_REQUESTS_MAX`] in `batch`.
 fn drain(rx: &Receiver<Request>, batch: &mut Vec<Request>) {
@@ -201,6 +202,8 @@ pub(crate) struct Writer {
     acker: Option<Sender<Acks>>,
     /// Answers handed to the acknowledging thread and not delivered yet.
     acks_in_flight: Arc<AtomicUsize>,
+    /// Who appended recently, for how long a group waits for them (see [`gather`]).
+    producers: Producers,
 }
 
 impl Writer {
@@ -214,6 +217,7 @@ impl Writer {
             streams: StreamCache::new(),
             acker: None,
             acks_in_flight: Arc::default(),
+            producers: Producers::default(),
         }
     }
 
@@ -299,16 +303,20 @@ impl Writer {
             // The callers the previous group commit answered are being woken right now, and
             // most will be back with their next request within microseconds: gather them
             // into this group (one `fdatasync` for all) rather than sync a fraction of them
-            // and leave the rest to the next one. Yielding gives them the CPU meanwhile.
-            let since = Instant::now();
-            while self.acks_in_flight.load(Ordering::Acquire) > 0
-                && batch.len() < GROUP_REQUESTS_MAX
-                && since.elapsed() < GATHER_WAIT_MAX
-            {
-                std::thread::yield_now();
+            // and leave the rest to the next one (see `gather`). Yielding gives them the CPU.
+            let mut gather = Gather::new(Instant::now(), self.producers.expected());
+            loop {
+                let queued = batch.len();
                 drain(rx, &mut batch);
+                let grew = batch.len() > queued;
+                let acks_pending = self.acks_in_flight.load(Ordering::Acquire) > 0;
+                if !gather.keep_waiting(Instant::now(), batch.len(), grew, acks_pending) {
+                    break;
+                }
+                std::thread::yield_now();
             }
             drain(rx, &mut batch);
+            self.producers.record(&batch);
             self.commit(batch);
         }
         if !self.shared.poisoned.load(Ordering::Acquire) {
