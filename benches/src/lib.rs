@@ -5,6 +5,10 @@
 //! durable numbers are measured on the repository's disk. A tmpfs directory says nothing
 //! about `fdatasync`, so [`bench_root`] warns on stderr when the chosen directory is on one.
 
+/// The allocator the `cursorlog` server runs with, so in-process figures compare with it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

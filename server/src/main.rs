@@ -10,6 +10,12 @@
 //! server listens it prints exactly one line `listening on ADDR` to stdout, with the bound
 //! port, so scripts can start it on port 0.
 
+/// mimalloc rather than glibc malloc: with the writer, acker, flusher and runtime threads
+/// allocating concurrently, glibc's malloc and free were about a third of the append path's
+/// instructions; measured in `benches/README.md`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod admin;
 mod append_stream;
 mod convert;
