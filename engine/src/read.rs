@@ -238,7 +238,7 @@ const READ_AHEAD_BYTES: u64 = 256 * 1024;
 /// A window of a non-mapped segment's written bytes. Bytes below a segment's written length
 /// never change (the log is append-only), so a window stays valid for the whole read.
 #[derive(Debug, Default)]
-struct ReadAhead {
+pub(crate) struct ReadAhead {
     start: u64,
     /// A fresh buffer per window: the events read from the previous one share it.
     bytes: Bytes,
@@ -246,7 +246,7 @@ struct ReadAhead {
 
 impl ReadAhead {
     /// The bytes from `offset` on, at least `need` of them unless the segment ends first.
-    fn at(&mut self, seg: &Segment, offset: u64, need: u64) -> Result<&[u8]> {
+    pub(crate) fn at(&mut self, seg: &Segment, offset: u64, need: u64) -> Result<&[u8]> {
         let (bytes, from) = self.window(seg, offset, need)?;
         Ok(bytes.get(from..).unwrap_or_default())
     }
@@ -291,7 +291,7 @@ fn frame_len_at(seg: &Segment, ahead: &mut ReadAhead, offset: u64) -> Result<u64
 }
 
 /// The frame length a frame header at the start of `b` claims, if it is within bounds.
-fn frame_len_in(b: &[u8]) -> Option<u64> {
+pub(crate) fn frame_len_in(b: &[u8]) -> Option<u64> {
     let raw = b.get(..FRAME_HEADER_BYTES)?.try_into().ok()?;
     let header = FrameHeader::read(raw);
     (header.body_len <= crate::format::BODY_BYTES_MAX).then(|| header.frame_len())

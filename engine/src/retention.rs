@@ -11,9 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
+use crate::format::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::index::KvRead;
-use crate::record::Record;
-use crate::recovery::scan_segment;
+use crate::read::{frame_len_in, ReadAhead};
+use crate::record::{decode_frame, Record};
 use crate::segment::Segment;
 use crate::writer::{duration_ms, now_ms, Command, Shared};
 
@@ -67,21 +68,27 @@ fn summarize(seg: &Segment) -> Result<SegmentSummary> {
         newest_ms: 0,
         max_seq: BTreeMap::new(),
     };
-    let bytes = seg.read_unmapped(0, seg.len())?;
-    {
-        scan_segment(&bytes, seg.base_lsn(), |group| {
-            for (_, _, record) in group {
-                let (stream, seq, at) = match record {
-                    Record::Event(e) => (e.stream, e.seq, e.at_ms),
-                    Record::Terminal(t) if t.frame.is_some() => (t.stream, t.terminal_seq, t.at_ms),
-                    _ => continue,
-                };
-                s.newest_ms = s.newest_ms.max(at);
-                let m = s.max_seq.entry(stream).or_insert(0);
-                *m = (*m).max(seq);
-            }
-            Ok(())
-        })?;
+    // Window by window (positional reads, not the map, so nothing stays resident), frame by
+    // frame; a sealed segment was checked when it was written and recovered, so the walk
+    // simply ends at the first frame that does not decode.
+    let mut ahead = ReadAhead::default();
+    let mut offset = SEGMENT_HEADER_BYTES as u64;
+    while offset < seg.len() {
+        let Some(len) = frame_len_in(ahead.at(seg, offset, FRAME_HEADER_BYTES as u64)?) else {
+            break;
+        };
+        let Ok(frame) = decode_frame(ahead.at(seg, offset, len)?) else {
+            break;
+        };
+        offset += len;
+        let (stream, seq, at) = match frame.record {
+            Record::Event(e) => (e.stream, e.seq, e.at_ms),
+            Record::Terminal(t) if t.frame.is_some() => (t.stream, t.terminal_seq, t.at_ms),
+            _ => continue,
+        };
+        s.newest_ms = s.newest_ms.max(at);
+        let m = s.max_seq.entry(stream).or_insert(0);
+        *m = (*m).max(seq);
     }
     Ok(s)
 }
