@@ -304,7 +304,12 @@ impl Writer {
             // most will be back with their next request within microseconds: gather them
             // into this group (one `fdatasync` for all) rather than sync a fraction of them
             // and leave the rest to the next one (see `gather`). Yielding gives them the CPU.
-            let mut gather = Gather::new(Instant::now(), self.producers.expected());
+            // Stragglers are worth waiting for only when the group ends in an fdatasync.
+            let expected = match self.shared.config.sync {
+                SyncPolicy::Always => self.producers.expected(),
+                _ => 0,
+            };
+            let mut gather = Gather::new(Instant::now(), expected);
             loop {
                 let queued = batch.len();
                 drain(rx, &mut batch);
@@ -316,7 +321,7 @@ impl Writer {
                 std::thread::yield_now();
             }
             drain(rx, &mut batch);
-            self.producers.record(&batch);
+            self.producers.record(&batch, gather.futile());
             self.commit(batch);
         }
         if !self.shared.poisoned.load(Ordering::Acquire) {
