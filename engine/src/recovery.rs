@@ -82,7 +82,7 @@ impl ScanEnd {
     }
 }
 
-fn frame_corruption(e: FrameError) -> CorruptionKind {
+pub(crate) fn frame_corruption(e: FrameError) -> CorruptionKind {
     match e {
         FrameError::Truncated => CorruptionKind::BadLength(0),
         FrameError::BadLength(n) => CorruptionKind::BadLength(n),
@@ -215,7 +215,7 @@ pub(crate) struct Recovered {
     pub report: RecoveryReport,
 }
 
-fn lock_dir(dir: &Path) -> Result<File> {
+pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
     let file = OpenOptions::new()
         .create(true)

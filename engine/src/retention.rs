@@ -10,11 +10,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::error::Result;
+use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::index::KvRead;
 use crate::read::{frame_len_in, ReadAhead};
 use crate::record::{decode_frame, Record};
+use crate::recovery::frame_corruption;
 use crate::segment::Segment;
 use crate::writer::{duration_ms, now_ms, Command, Shared};
 
@@ -69,17 +70,32 @@ fn summarize(seg: &Segment) -> Result<SegmentSummary> {
         max_seq: BTreeMap::new(),
     };
     // Window by window (positional reads, not the map, so nothing stays resident), frame by
-    // frame; a sealed segment was checked when it was written and recovered, so the walk
-    // simply ends at the first frame that does not decode.
+    // frame. A frame that does not check is an error, never the end of the summary: a
+    // summary missing the streams after it could call live events dead and retire them.
+    let corrupt = |offset, kind| Error::Corruption {
+        segment: seg.path().to_path_buf(),
+        offset,
+        kind,
+    };
     let mut ahead = ReadAhead::default();
     let mut offset = SEGMENT_HEADER_BYTES as u64;
+    let mut expected_lsn = seg.base_lsn();
     while offset < seg.len() {
         let Some(len) = frame_len_in(ahead.at(seg, offset, FRAME_HEADER_BYTES as u64)?) else {
-            break;
+            return Err(corrupt(offset, CorruptionKind::BadLength(0)));
         };
-        let Ok(frame) = decode_frame(ahead.at(seg, offset, len)?) else {
-            break;
-        };
+        let frame = decode_frame(ahead.at(seg, offset, len)?)
+            .map_err(|e| corrupt(offset, frame_corruption(e)))?;
+        if frame.header.lsn != expected_lsn {
+            return Err(corrupt(
+                offset,
+                CorruptionKind::LsnGap {
+                    expected: expected_lsn,
+                    got: frame.header.lsn,
+                },
+            ));
+        }
+        expected_lsn += 1;
         offset += len;
         let (stream, seq, at) = match frame.record {
             Record::Event(e) => (e.stream, e.seq, e.at_ms),

@@ -302,3 +302,45 @@ fn events_read_from_a_sealed_segment_outlive_its_retirement() {
     // Still readable with the engine gone too.
     assert!(held[9].payload.iter().all(|b| *b == 9));
 }
+
+/// A damaged frame in a sealed segment stops retention with a corruption error naming the
+/// file; it never truncates the segment's summary, which would make the live events after
+/// the damage look dead and get their segment deleted.
+#[test]
+fn a_damaged_sealed_segment_is_reported_not_retired() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    let (_, dead) = open_stream(&e, "s", None);
+    let (_, live) = open_stream(&e, "s", None);
+    fill(&e, "s", dead, 5);
+    e.append(Append {
+        session: "s".into(),
+        stream: live,
+        expected_next_seq: None,
+        events: vec![NewEvent::new("progress", vec![0xEE; 200])],
+    })
+    .unwrap();
+    fill(&e, "s", dead, 60);
+    e.trim("s", dead, 65).unwrap();
+    let first = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .min()
+        .unwrap();
+    let mut bytes = std::fs::read(&first).unwrap();
+    let at = bytes
+        .windows(200)
+        .position(|w| w.iter().all(|b| *b == 0xEE))
+        .expect("the live event is in the first segment");
+    bytes[at + 100] ^= 0x01;
+    std::fs::write(&first, &bytes).unwrap();
+    let before = segment_files(dir.path());
+
+    match e.run_retention() {
+        Err(cursorlog_engine::Error::Corruption { segment, .. }) => assert_eq!(segment, first),
+        other => panic!("expected a corruption error naming {first:?}, got {other:?}"),
+    }
+    assert_eq!(segment_files(dir.path()), before, "nothing was retired");
+    assert!(first.exists());
+}
