@@ -177,7 +177,9 @@ impl std::fmt::Display for RepairReport {
     }
 }
 
-/// Repairs `dir` (which must not be open): a torn tail of the last segment is truncated.
+/// Repairs `dir` (which must not be open: it takes the directory's lock, so an engine or
+/// server using it makes this fail with [`Error::Locked`]): a torn tail of the last segment
+/// is truncated.
 /// Damage that would drop acknowledged records — in a sealed segment, or followed by valid
 /// records — is refused unless `accept_loss`; then the log is cut at the first damaged frame
 /// (later segments are deleted) and the index is removed to be rebuilt.
@@ -194,6 +196,8 @@ pub fn repair_dir(dir: &Path, accept_loss: bool) -> Result<RepairReport> {
 /// # Errors
 /// As [`repair_dir`].
 pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Result<RepairReport> {
+    // Truncating a segment under a running engine would cut files it serves (and maps).
+    let _lock = crate::recovery::lock_dir(dir)?;
     let found = list_segments(fs, dir)?;
     let mut report = RepairReport::default();
     let count = found.len();

@@ -156,3 +156,30 @@ fn sealed_segment_damage_is_refused_then_cut_with_later_segments() {
     assert!(verify_dir(dir.path()).unwrap().ok());
     Engine::open(config(dir.path())).unwrap();
 }
+
+/// Repair is offline: with an engine holding the directory, it refuses and changes nothing.
+#[test]
+fn repair_refuses_a_directory_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    populate(dir.path(), 10);
+    let before: Vec<_> = segments(dir.path())
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let e = Engine::open(config(dir.path())).unwrap();
+    match repair_dir(dir.path(), true) {
+        Err(Error::Locked { dir: locked }) => assert_eq!(locked, dir.path()),
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    e.close().unwrap();
+    drop(e);
+    let after: Vec<_> = segments(dir.path())
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert_eq!(before, after, "no segment was touched");
+    assert!(
+        repair_dir(dir.path(), false).is_ok(),
+        "free again once closed"
+    );
+}
