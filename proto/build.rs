@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         compiler.encode_file_descriptor_set(),
     )?;
     tonic_prost_build::configure()
-        // Replayed payloads are slices of the engine's segment maps: sent without a copy.
+        // Replayed payloads are slices of the engine's segment maps: no copy until encoding.
         .bytes(".cursorlog.v1.Event.payload")
         .build_client(true)
         .build_server(true)

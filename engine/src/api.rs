@@ -33,8 +33,10 @@ impl NewEvent {
 /// A stored event.
 ///
 /// Reads share rather than copy: `payload` is a slice of the sealed segment's map (or of
-/// the read's buffer for the active segment), and events of one read with the same kind
-/// share one `kind` string. Holding an event keeps that map (or buffer) alive.
+/// the read's 256 KiB buffer for the active segment), and events of one read with the same
+/// kind share one `kind` string. Holding an event keeps that map or buffer alive — and a
+/// retired segment's disk space in use until its last event is dropped — so copy the
+/// payload (`Bytes::copy_from_slice`) to keep it for long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     /// Its stream.
