@@ -72,6 +72,17 @@ fn run_appenders(
     })
 }
 
+/// One stream in its own session per appender.
+fn own_streams(fixture: &Fixture, appenders: usize) -> Vec<(String, u64)> {
+    (0..appenders)
+        .map(|i| {
+            let session = format!("bench-session-{i}");
+            let stream = fixture.stream(&session);
+            (session, stream)
+        })
+        .collect()
+}
+
 /// [`run_appenders`] with the appenders as tasks on a multi-threaded tokio runtime calling
 /// [`Engine::append_async`], as the gRPC server's handlers do: a waiting appender is a parked
 /// task, not a blocked thread, so a group commit's answers wake a runtime worker or two
@@ -126,13 +137,7 @@ fn bench_tasks(c: &mut Criterion, policy: SyncPolicy) {
         .expect("building the appenders' tokio runtime");
     let mut group = c.benchmark_group(format!("append/{policy}"));
     let fixture = Fixture::open(policy, SEGMENT_BYTES_MAX);
-    let streams: Vec<(String, u64)> = (0..TASKS)
-        .map(|i| {
-            let session = format!("bench-session-{i}");
-            let stream = fixture.stream(&session);
-            (session, stream)
-        })
-        .collect();
+    let streams = own_streams(&fixture, TASKS);
     let before = fixture.engine.stats().expect("reading engine stats");
     group.throughput(Throughput::Elements(1));
     group.bench_function(BenchmarkId::new(format!("tasks_{TASKS}"), "batch_1"), |b| {
@@ -154,13 +159,7 @@ fn bench_policy(c: &mut Criterion, policy: SyncPolicy) {
             }
             let mut group = c.benchmark_group(format!("append/{policy}"));
             let fixture = Fixture::open(policy, SEGMENT_BYTES_MAX);
-            let streams: Vec<(String, u64)> = (0..appenders)
-                .map(|i| {
-                    let session = format!("bench-session-{i}");
-                    let stream = fixture.stream(&session);
-                    (session, stream)
-                })
-                .collect();
+            let streams = own_streams(&fixture, appenders);
             let id = BenchmarkId::new(format!("appenders_{appenders}"), format!("batch_{batch}"));
             let before = fixture.engine.stats().expect("reading engine stats");
             group.throughput(Throughput::Elements(batch as u64));

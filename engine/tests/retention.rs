@@ -44,6 +44,23 @@ fn segment_files(dir: &Path) -> usize {
         .count()
 }
 
+/// Runs `check` on `e`, again after a reopen, and again after rebuilding the index from the
+/// log alone; returns the rebuilt engine.
+fn check_live_reopened_and_rebuilt(e: Engine, dir: &Path, check: impl Fn(&Engine)) -> Engine {
+    check(&e);
+    e.close().unwrap();
+    drop(e);
+    let e = Engine::open(config(dir)).unwrap();
+    check(&e);
+    e.close().unwrap();
+    drop(e);
+    std::fs::remove_dir_all(dir.join("index")).unwrap();
+    let e = Engine::open(config(dir)).unwrap();
+    assert!(e.recovery_report().index_rebuilt);
+    check(&e);
+    e
+}
+
 fn verdict(e: &Engine, session: &str, c: Cursor) -> Verdict {
     e.resolve(session, &c.to_string(), None).unwrap().verdict
 }
@@ -93,21 +110,9 @@ fn trimmed_segments_are_deleted_and_cursors_below_are_evicted_across_reopen_and_
             .expect("outcome outlives the data");
         assert_eq!(o.frame.unwrap().payload, &b"ok"[..]);
     };
-    check(&e);
     let live = e.index_dump().unwrap();
-    e.close().unwrap();
-    drop(e);
-
-    let e = Engine::open(config(dir.path())).unwrap();
-    check(&e);
-    e.close().unwrap();
-    drop(e);
-
     // The log alone (segments + carried-forward snapshots) rebuilds the same state.
-    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
-    let e = Engine::open(config(dir.path())).unwrap();
-    assert!(e.recovery_report().index_rebuilt);
-    check(&e);
+    let e = check_live_reopened_and_rebuilt(e, dir.path(), check);
     assert_eq!(
         e.index_dump().unwrap(),
         live,
@@ -255,19 +260,7 @@ fn carried_forward_snapshot_of_an_older_stream_does_not_take_back_the_outcome() 
         assert_eq!(o.stream, retry, "the newest stream answers the request");
         assert!(o.frame.is_none(), "the retry has not finished");
     };
-    check(&e);
-    e.close().unwrap();
-    drop(e);
-
-    let e = Engine::open(config(dir.path())).unwrap();
-    check(&e);
-    e.close().unwrap();
-    drop(e);
-
-    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
-    let e = Engine::open(config(dir.path())).unwrap();
-    assert!(e.recovery_report().index_rebuilt);
-    check(&e);
+    check_live_reopened_and_rebuilt(e, dir.path(), check);
 }
 
 /// Events read from a sealed segment share its map instead of copying their payloads;
