@@ -1,15 +1,15 @@
 //! The read side: verdicts, bounded reads, live followers and outcomes. Nothing here takes
 //! the writer's lock: it reads the committed index and the segments (maps when sealed).
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+
 use crate::api::{Event, Outcome, ReadBatch};
 use crate::engine::Engine;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::index::KvRead;
-use std::sync::Arc;
-
-use bytes::Bytes;
-
 use crate::record::{
     check_frame, decode_event_view, tag, EventBody, EventView, FrameError, Record, Terminal,
 };

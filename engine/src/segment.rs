@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
 
+use bytes::Bytes;
+
 use crate::error::{Error, Result};
 use crate::format::{encode_segment_header, segment_name, SEGMENT_HEADER_BYTES};
 use crate::fs::{FileSystem, SegmentFile};
-use bytes::Bytes;
 
 /// A segment file named by the LSN of its first record.
 ///
