@@ -461,3 +461,60 @@ async fn shutdown_ends_followers_and_exits_cleanly() {
     let (exit, logs) = waiter.await.unwrap();
     assert!(exit.success(), "exit {exit:?}\n{logs}");
 }
+
+/// An open `AppendStream` call does not hold the server either: SIGTERM ends it with
+/// UNAVAILABLE (saying to resend with `expected_next_seq`), the process exits 0, and what was
+/// acknowledged before is there after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_append_streams_and_keeps_what_they_acknowledged() {
+    use pb::append_result::Result as Answer;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_in(dir.path(), &[]);
+    let mut c = server.client().await;
+    let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers = c
+        .append_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for seq in 1..=2 {
+        tx.send(pb::AppendRequest {
+            session: "s".into(),
+            stream,
+            expected_next_seq: Some(seq),
+            events: vec![event("progress", format!("{seq}").as_bytes())],
+        })
+        .await
+        .unwrap();
+        let answer = tokio::time::timeout(READ_TIMEOUT, answers.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .and_then(|a| a.result);
+        assert!(matches!(answer, Some(Answer::Appended(_))), "{answer:?}");
+    }
+    let waiter = tokio::task::spawn_blocking(move || {
+        let status = server.terminate();
+        (status, server.logs())
+    });
+    let ended = tokio::time::timeout(READ_TIMEOUT, answers.message())
+        .await
+        .unwrap();
+    let status = ended.expect_err("the call must end with an error on shutdown");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("expected_next_seq"), "{status:?}");
+    let (exit, logs) = waiter.await.unwrap();
+    assert!(exit.success(), "exit {exit:?}\n{logs}");
+    drop(tx);
+
+    let server = Server::start_in(dir.path(), &[]);
+    let mut c = server.client().await;
+    let all = read_all(
+        &mut c,
+        read_request("s", &format!("{epoch}-{stream}-0"), false),
+        READ_TIMEOUT,
+    )
+    .await;
+    assert_contiguous(&all.events, 1, 2);
+}
