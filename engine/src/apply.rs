@@ -78,7 +78,7 @@ pub(crate) fn apply(
             if !continues_run {
                 txn.put_position(e.stream, e.seq, pos);
             }
-            txn.update_stream(e.stream, |s| s.meta.head = s.meta.head.max(e.seq))?;
+            txn.raise_head(e.stream, e.seq)?;
         }
         Record::Terminal(t) => {
             if let Some(frame) = &t.frame {

@@ -5,8 +5,7 @@
 //! after the log write is durable, so sled never needs an fsync of its own per append.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ops::Bound;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -19,14 +18,20 @@ use crate::record::EventBody;
 use crate::state::{SessionMeta, StateView, StreamMeta};
 
 mod chunk;
+mod flush;
+mod idhash;
+mod layer;
 mod txn;
 
+pub(crate) use idhash::IdHashing;
 pub(crate) use txn::{StreamCache, Txn};
 
 use chunk::{
     chunk_key, decode_chunk, encode_chunk, merge_run_start, sled_lower_bound, sled_upper_bound,
     split_event_key, ChunkEntries, Stored, CHUNK_BITS,
 };
+use flush::raise_head;
+use layer::{split_stream_key, FlatRuns, Layer, Overlay};
 
 /// Key prefixes. One byte each; see FORMAT.md "Index key schema".
 pub(crate) mod prefix {
@@ -192,17 +197,16 @@ pub(crate) trait KvRead {
 /// when the background flush falls behind), and recovery flushes between chunks.
 pub(crate) const MEMTABLE_ENTRIES_MAX: usize = 64 * 1024;
 
-/// Pending writes over an ordered key space; `None` is a deletion.
-type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
-
-/// Committed index changes not yet in sled. Readers see `active` over `flushing` over sled.
+/// Committed index changes not yet in sled. Readers see `active` over `flushing` over sled;
+/// a stream's raised head ([`Layer::heads`]) applies over its value from the same or an
+/// older layer (or sled).
 #[derive(Debug, Default)]
 struct Memtable {
-    active: Overlay,
+    active: Layer,
     /// The LSN of the last record in `active`.
     active_lsn: u64,
     /// A memtable being written into sled right now (readable until it is there).
-    flushing: Option<Arc<Overlay>>,
+    flushing: Option<Arc<Layer>>,
 }
 
 /// The derived index: sled, fronted by an in-memory memtable of committed changes.
@@ -304,7 +308,7 @@ impl Index {
     pub(crate) fn commit(&self, txn: Txn<'_>, applied_lsn: u64) -> StreamCache {
         let (writes, streams) = txn.into_writes();
         let mut mem = self.mem_mut();
-        mem.active.extend(writes);
+        mem.active.absorb(writes);
         mem.active_lsn = applied_lsn;
         streams
     }
@@ -312,82 +316,6 @@ impl Index {
     /// Entries waiting in the memtable.
     pub(crate) fn memtable_len(&self) -> usize {
         self.mem().active.len()
-    }
-
-    /// Writes the memtable into sled as one atomic batch with its applied LSN. Readers keep
-    /// seeing it until sled has it. Only the writer (or recovery) calls this.
-    pub(crate) fn flush_memtable(&self) -> Result<()> {
-        // One flush at a time, so sled receives memtables in LSN order.
-        let _one = self
-            .flushing_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (frozen, lsn) = {
-            let mut mem = self.mem_mut();
-            if mem.active.is_empty() {
-                return Ok(());
-            }
-            let frozen = Arc::new(std::mem::take(&mut mem.active));
-            mem.flushing = Some(Arc::clone(&frozen));
-            (frozen, mem.active_lsn)
-        };
-        let applied = self
-            .batch_of(&frozen, lsn)
-            .and_then(|batch| Ok(self.tree.apply_batch(batch)?));
-        let mut mem = self.mem_mut();
-        match applied {
-            Ok(()) => {
-                mem.flushing = None;
-                Ok(())
-            }
-            Err(e) => {
-                // Keep the changes readable; the caller poisons the engine.
-                let mut restored = (*frozen).clone();
-                restored.extend(std::mem::take(&mut mem.active));
-                mem.active = restored;
-                mem.flushing = None;
-                Err(e)
-            }
-        }
-    }
-
-    /// The sled batch that moves `frozen` into sled: run starts are merged into their
-    /// chunks (read from sled, changed, written once per flush), other keys are copied.
-    /// Only the flush (one at a time) writes sled, so the chunks read here are current.
-    fn batch_of(&self, frozen: &Overlay, lsn: u64) -> Result<sled::Batch> {
-        let mut batch = sled::Batch::default();
-        let mut changes = frozen.iter().peekable();
-        while let Some((k, v)) = changes.next() {
-            let Some((stream, seq)) = split_event_key(k) else {
-                match v {
-                    Some(v) => batch.insert(k.as_slice(), v.as_slice()),
-                    None => batch.remove(k.as_slice()),
-                }
-                continue;
-            };
-            let chunk = seq >> CHUNK_BITS;
-            let key = chunk_key(stream, chunk);
-            let mut entries = match self.tree.get(key)? {
-                Some(stored) => decode_chunk(&key, &stored)?,
-                None => ChunkEntries::new(),
-            };
-            merge_run_start(&mut entries, k, seq, v.as_ref())?;
-            // The memtable is ordered, so the chunk's other changes follow this one.
-            while let Some((k, v)) = changes.next_if(|(k, _)| {
-                split_event_key(k).is_some_and(|(s, q)| s == stream && q >> CHUNK_BITS == chunk)
-            }) {
-                let seq = split_event_key(k).map_or(seq, |(_, q)| q);
-                merge_run_start(&mut entries, k, seq, v.as_ref())?;
-            }
-            if entries.is_empty() {
-                batch.remove(&key);
-            } else {
-                batch.insert(&key, encode_chunk(&entries));
-            }
-        }
-        batch.insert(APPLIED_LSN, &lsn.to_le_bytes());
-        batch.insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes());
-        Ok(batch)
     }
 
     /// sled's entries in `start..end` as readers see them (run starts expanded from their
@@ -415,25 +343,62 @@ impl Index {
         Ok(())
     }
 
-    /// The memtable's entries in `start..end` (active over flushing).
-    fn overlay_range(&self, start: &[u8], end: Option<&[u8]>) -> Overlay {
-        let mem = self.mem();
+    /// The memtable's entries in `start..end` (active over flushing), streams with their
+    /// raised heads applied.
+    fn overlay_range(&self, start: &[u8], end: Option<&[u8]>) -> Result<Overlay> {
         let mut out = Overlay::new();
-        let layers = mem
-            .flushing
-            .as_deref()
-            .into_iter()
-            .chain(std::iter::once(&mem.active));
-        for layer in layers {
-            let range = match end {
-                Some(end) => layer.range::<[u8], _>((Bound::Included(start), Bound::Excluded(end))),
-                None => layer.range::<[u8], _>((Bound::Included(start), Bound::Unbounded)),
-            };
-            for (k, v) in range {
-                out.insert(k.clone(), v.clone());
+        let raised = {
+            let mem = self.mem();
+            let layers = mem
+                .flushing
+                .as_deref()
+                .into_iter()
+                .chain(std::iter::once(&mem.active));
+            let mut raised = Vec::new();
+            for layer in layers {
+                layer.range_into(start, end, &mut out);
+                raised.extend(layer.heads_in(start, end));
             }
+            raised
+        };
+        for id in raised {
+            out.insert(stream_key(id).to_vec(), self.stream_value(id)?);
         }
-        out
+        Ok(out)
+    }
+
+    /// A stream's value as readers see it: the newest value written (memtable, then sled)
+    /// with the newest head raised over it applied.
+    fn stream_value(&self, id: u64) -> Result<Option<Vec<u8>>> {
+        let key = stream_key(id);
+        let (value, head) = self.stream_parts(id)?;
+        match (value, head) {
+            (Some(v), Some(head)) => Ok(Some(raise_head(&key, &v, head)?)),
+            (value, _) => Ok(value),
+        }
+    }
+
+    /// The newest value written for stream `id` and the newest head raised over it, apart.
+    fn stream_parts(&self, id: u64) -> Result<(Option<Vec<u8>>, Option<u64>)> {
+        let key = stream_key(id);
+        let (value, head) = {
+            let mem = self.mem();
+            let mut head = None;
+            let mut value = None;
+            for layer in std::iter::once(&mem.active).chain(mem.flushing.as_deref()) {
+                head = head.or_else(|| layer.heads.get(&id).copied());
+                if let Some(v) = layer.kv.get(key.as_slice()) {
+                    value = Some(v.clone());
+                    break;
+                }
+            }
+            (value, head)
+        };
+        let value = match value {
+            Some(v) => v,
+            None => self.tree.get(key)?.map(|v| v.to_vec()),
+        };
+        Ok((value, head))
     }
 
     /// Live entries in `start..end` in key order, at most `limit`: sled merged with the
@@ -444,7 +409,7 @@ impl Index {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let overlay = self.overlay_range(start, end);
+        let overlay = self.overlay_range(start, end)?;
         let mut stored = self.stored(start, end, false);
         let mut overlay = overlay.into_iter().peekable();
         let mut next_stored = stored.next()?;
@@ -505,7 +470,7 @@ impl Index {
 
     /// The greatest live entry in `start..end`: sled and the memtable, newest layer winning.
     fn last_live(&self, start: &[u8], end: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        let overlay = self.overlay_range(start, Some(end));
+        let overlay = self.overlay_range(start, Some(end))?;
         let mut overlay = overlay.into_iter().rev().peekable();
         let mut stored = self.stored(start, Some(end), true);
         let mut next_stored = stored.next()?;
@@ -577,13 +542,16 @@ impl Index {
 
 impl KvRead for Index {
     fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(id) = split_stream_key(key) {
+            return self.stream_value(id);
+        }
         {
             let mem = self.mem();
             if let Some(v) = mem.active.get(key) {
-                return Ok(v.clone());
+                return Ok(v);
             }
             if let Some(v) = mem.flushing.as_ref().and_then(|f| f.get(key)) {
-                return Ok(v.clone());
+                return Ok(v);
             }
         }
         if split_event_key(key).is_some() {
@@ -601,6 +569,17 @@ impl KvRead for Index {
 
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.range(prefix, prefix_end(prefix).as_deref(), usize::MAX)
+    }
+
+    fn stored_stream(&self, id: u64) -> Result<Option<StoredStream>> {
+        let k = stream_key(id);
+        let (value, head) = self.stream_parts(id)?;
+        let Some(v) = value else { return Ok(None) };
+        let mut s: StoredStream = decode_value(&k, &v)?;
+        if let Some(head) = head {
+            s.meta.head = s.meta.head.max(head);
+        }
+        Ok(Some(s))
     }
 
     fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {

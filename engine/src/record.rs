@@ -174,7 +174,10 @@ impl Record {
                 out,
             ),
             Self::StreamOpened(b) => codec::encode_into(b, out),
-            Self::Event(b) => codec::encode_into(b, out),
+            Self::Event(b) => {
+                encode_event_body(b, out);
+                Ok(())
+            }
             Self::Terminal(b) => codec::encode_into(b, out),
             Self::Trim {
                 stream,
@@ -303,6 +306,34 @@ pub(crate) fn decode_event_body(body: &[u8]) -> Result<EventBody, String> {
         correlation: v.correlation.map(str::to_owned),
         payload: v.payload.to_vec(),
     })
+}
+
+/// Appends the body of an `Event` record exactly as [`codec::encode_into`] does (the layout
+/// [`decode_event_view`] reads), without going through bincode: the write path's per-event
+/// encode. A proptest checks the two agree.
+pub(crate) fn encode_event_body(e: &EventBody, out: &mut Vec<u8>) {
+    let correlation = e.correlation.as_deref();
+    out.reserve(
+        3 * 8 + 8 + e.kind.len() + 1 + correlation.map_or(0, |c| 8 + c.len()) + 8 + e.payload.len(),
+    );
+    out.extend_from_slice(&e.stream.to_le_bytes());
+    out.extend_from_slice(&e.seq.to_le_bytes());
+    out.extend_from_slice(&e.at_ms.to_le_bytes());
+    put_bytes(out, e.kind.as_bytes());
+    match correlation {
+        None => out.push(0),
+        Some(c) => {
+            out.push(1);
+            put_bytes(out, c.as_bytes());
+        }
+    }
+    put_bytes(out, &e.payload);
+}
+
+/// A `u64` length, then the bytes (bincode's fixed-int layout of a string or `Vec<u8>`).
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    out.extend_from_slice(b);
 }
 
 /// An event body decoded in place: its strings and payload borrow the frame's bytes, so the
@@ -481,231 +512,4 @@ pub(crate) fn check_frame(buf: &[u8]) -> Result<FrameHeader, FrameError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn sample_records() -> Vec<Record> {
-        let ev = EventBody {
-            stream: 7,
-            seq: 3,
-            at_ms: 99,
-            kind: "progress".into(),
-            correlation: Some("req-1".into()),
-            payload: b"hello".to_vec(),
-        };
-        let meta = StreamMeta {
-            id: 7,
-            session: "s".into(),
-            epoch: 2,
-            state: StreamState::Completed,
-            head: 4,
-            watermark: 2,
-            correlation: None,
-            opened_at_ms: 1,
-            ended_at_ms: Some(5),
-            end_reason: None,
-            has_terminal_frame: true,
-            lease_ms: Some(100),
-        };
-        vec![
-            Record::SessionOpened {
-                session: "s".into(),
-                epoch: 1,
-                at_ms: 5,
-            },
-            Record::EpochAdvanced {
-                session: "s".into(),
-                epoch: 2,
-                at_ms: 6,
-            },
-            Record::SessionExpired {
-                session: "s".into(),
-                at_ms: 7,
-            },
-            Record::StreamOpened(StreamOpened {
-                stream: 7,
-                session: "s".into(),
-                epoch: 2,
-                correlation: Some("r".into()),
-                lease_ms: None,
-                at_ms: 8,
-            }),
-            Record::Event(ev.clone()),
-            Record::Terminal(Terminal {
-                stream: 7,
-                state: StreamState::Completed,
-                terminal_seq: 4,
-                at_ms: 9,
-                reason: None,
-                frame: Some(ev.clone()),
-            }),
-            Record::Trim {
-                stream: 7,
-                watermark: 3,
-                at_ms: 10,
-            },
-            Record::SessionSnapshot(SessionMeta {
-                id: "s".into(),
-                epoch: 2,
-                opened_at_ms: 1,
-                expired_at_ms: None,
-            }),
-            Record::StreamSnapshot(StreamSnapshot {
-                meta,
-                terminal_frame: Some(ev),
-            }),
-        ]
-    }
-
-    #[test]
-    fn every_record_type_round_trips() {
-        for (i, r) in sample_records().into_iter().enumerate() {
-            let mut buf = Vec::new();
-            let n = encode_frame(&r, 100 + i as u64, 1, &mut buf).unwrap();
-            assert_eq!(n as usize, buf.len());
-            let f = decode_frame(&buf).unwrap();
-            assert_eq!(f.record, r);
-            assert_eq!(f.header.lsn, 100 + i as u64);
-            assert_eq!(f.header.group_left, 1);
-        }
-    }
-
-    #[test]
-    fn every_bit_flip_is_detected() {
-        let mut buf = Vec::new();
-        encode_frame(&sample_records()[4], 1, 0, &mut buf).unwrap();
-        for byte in 0..buf.len() {
-            for bit in 0..8 {
-                let mut bad = buf.clone();
-                bad[byte] ^= 1 << bit;
-                assert!(
-                    decode_frame(&bad).is_err(),
-                    "flip at {byte}.{bit} went unnoticed"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn every_truncation_is_truncated() {
-        let mut buf = Vec::new();
-        encode_frame(&sample_records()[5], 1, 0, &mut buf).unwrap();
-        for len in 0..buf.len() {
-            assert_eq!(
-                decode_frame(&buf[..len]),
-                Err(FrameError::Truncated),
-                "len {len}"
-            );
-        }
-    }
-
-    #[test]
-    fn contiguous_crc_is_the_frame_crc() {
-        for r in sample_records() {
-            let mut buf = Vec::new();
-            encode_frame(&r, 9, 0, &mut buf).unwrap();
-            let raw: &[u8; FRAME_HEADER_BYTES] = buf[..FRAME_HEADER_BYTES].try_into().unwrap();
-            assert_eq!(
-                crate::format::frame_crc_contiguous(&buf),
-                crate::format::frame_crc(raw, &buf[FRAME_HEADER_BYTES..])
-            );
-            assert_eq!(
-                crate::format::frame_crc_contiguous(&buf),
-                FrameHeader::read(raw).crc
-            );
-        }
-    }
-
-    #[test]
-    fn zeroes_are_not_a_frame() {
-        assert!(matches!(
-            decode_frame(&[0u8; 64]),
-            Err(FrameError::Crc { .. })
-        ));
-    }
-
-    #[test]
-    fn unknown_type_with_good_crc_is_bad_body() {
-        let mut buf = Vec::new();
-        encode_frame(&sample_records()[0], 1, 0, &mut buf).unwrap();
-        let body = buf[FRAME_HEADER_BYTES..].to_vec();
-        let h = FrameHeader {
-            body_len: body.len() as u32,
-            crc: 0,
-            lsn: 1,
-            group_left: 0,
-            record_type: 200,
-        };
-        let mut forged = h.write(&body).to_vec();
-        forged.extend_from_slice(&body);
-        assert!(matches!(decode_frame(&forged), Err(FrameError::BadBody(_))));
-    }
-
-    proptest! {
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = decode_frame(&bytes);
-        }
-
-        #[test]
-        fn arbitrary_bodies_with_valid_crc_never_panic(
-            tag in 0u8..12,
-            body in proptest::collection::vec(any::<u8>(), 0..256),
-        ) {
-            let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, group_left: 0, record_type: tag };
-            let mut buf = h.write(&body).to_vec();
-            buf.extend_from_slice(&body);
-            let _ = decode_frame(&buf);
-        }
-
-        #[test]
-        fn fast_event_decode_agrees_with_bincode(
-            bytes in proptest::collection::vec(any::<u8>(), 0..96),
-        ) {
-            let fast = decode_event_body(&bytes).ok();
-            let slow: Option<EventBody> = codec::decode(&bytes).ok();
-            prop_assert_eq!(fast, slow);
-        }
-
-        #[test]
-        fn fast_event_decode_agrees_on_mutated_bodies(
-            stream: u64, seq: u64, at_ms: u64,
-            kind in ".{0,8}",
-            correlation in proptest::option::of(".{0,8}"),
-            payload in proptest::collection::vec(any::<u8>(), 0..64),
-            at in any::<proptest::sample::Index>(),
-            mask in any::<u8>(),
-            cut in any::<proptest::sample::Index>(),
-            extend in any::<bool>(),
-        ) {
-            let e = EventBody { stream, seq, at_ms, kind, correlation, payload };
-            let mut body = Vec::new();
-            codec::encode_into(&e, &mut body).unwrap();
-            prop_assert_eq!(decode_event_body(&body).unwrap(), e);
-            let i = at.index(body.len());
-            body[i] ^= mask;
-            if extend {
-                body.push(mask);
-            } else {
-                body.truncate(cut.index(body.len() + 1));
-            }
-            let fast = decode_event_body(&body).ok();
-            let slow: Option<EventBody> = codec::decode(&body).ok();
-            prop_assert_eq!(fast, slow);
-        }
-
-        #[test]
-        fn events_round_trip(
-            stream: u64, seq: u64, at_ms: u64,
-            kind in ".{0,16}",
-            correlation in proptest::option::of(".{0,16}"),
-            payload in proptest::collection::vec(any::<u8>(), 0..2048),
-        ) {
-            let r = Record::Event(EventBody { stream, seq, at_ms, kind, correlation, payload });
-            let mut buf = Vec::new();
-            encode_frame(&r, 5, 0, &mut buf).unwrap();
-            prop_assert_eq!(decode_frame(&buf).unwrap().record, r);
-        }
-    }
-}
+mod tests;

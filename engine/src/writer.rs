@@ -204,7 +204,13 @@ pub(crate) struct Writer {
     acks_in_flight: Arc<AtomicUsize>,
     /// Who appended recently, for how long a group waits for them (see [`gather`]).
     producers: Producers,
+    /// The group commit buffer, kept (emptied) between groups so a group's frames are
+    /// written into memory already grown to a group's size, not regrown from empty.
+    buf: Vec<u8>,
 }
+
+/// The largest group buffer kept for the next group; a larger one is freed after its group.
+const KEPT_BUFFER_BYTES_MAX: usize = 4 << 20;
 
 impl Writer {
     pub(crate) fn new(shared: Arc<Shared>, active: Arc<Segment>, next_lsn: u64) -> Self {
@@ -214,10 +220,11 @@ impl Writer {
             next_lsn,
             last_sync: Instant::now(),
             unsynced: false,
-            streams: StreamCache::new(),
+            streams: StreamCache::default(),
             acker: None,
             acks_in_flight: Arc::default(),
             producers: Producers::default(),
+            buf: Vec::new(),
         }
     }
 
@@ -402,7 +409,8 @@ impl Writer {
             streams.clear();
         }
         let mut txn = Txn::with_streams(&index, streams);
-        let mut buf = Vec::new();
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
         let mut acks = Vec::with_capacity(batch.len());
         let mut retire = Vec::new();
         let mut force_sync = false;
@@ -437,7 +445,11 @@ impl Writer {
                 }
             }
         }
-        if let Err(e) = self.write_and_sync(&buf, force_sync) {
+        let written = self.write_and_sync(&buf, force_sync);
+        if buf.capacity() <= KEPT_BUFFER_BYTES_MAX {
+            self.buf = buf;
+        }
+        if let Err(e) = written {
             self.poison(&e);
             for (tx, _) in acks {
                 tx.send(Err(Error::Poisoned));

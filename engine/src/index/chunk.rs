@@ -75,35 +75,25 @@ pub(super) fn encode_chunk(entries: &ChunkEntries) -> Vec<u8> {
     out
 }
 
-/// Applies one memtable change of a run start to its chunk's entries.
+/// Applies one memtable change of a run start (`None`: removed) to its chunk's entries.
 pub(super) fn merge_run_start(
     entries: &mut ChunkEntries,
-    key: &[u8],
     seq: u64,
-    value: Option<&Vec<u8>>,
-) -> Result<()> {
+    value: Option<[u8; Position::BYTES]>,
+) {
     let at = entries.binary_search_by_key(&seq, |(q, _)| *q);
     match (value, at) {
-        (Some(v), at) => {
-            let pos: [u8; Position::BYTES] = v
-                .as_slice()
-                .try_into()
-                .map_err(|_| chunk_error(key, "run start value is not a position"))?;
-            match at {
-                Ok(i) => {
-                    if let Some(e) = entries.get_mut(i) {
-                        e.1 = pos;
-                    }
-                }
-                Err(i) => entries.insert(i, (seq, pos)),
+        (Some(pos), Ok(i)) => {
+            if let Some(e) = entries.get_mut(i) {
+                e.1 = pos;
             }
         }
+        (Some(pos), Err(i)) => entries.insert(i, (seq, pos)),
         (None, Ok(i)) => {
             entries.remove(i);
         }
         (None, Err(_)) => {}
     }
-    Ok(())
 }
 
 /// Where a sled scan must start to see every chunk holding a run start at or after the

@@ -1,9 +1,12 @@
 //! [`Txn`]: the writer's overlay over the index while it plans a group commit.
 
+use std::collections::HashSet;
+
+use super::idhash::IdHashing;
 use super::*;
 
 /// Decoded streams by id (`None`: known not to exist).
-pub(crate) type StreamCache = HashMap<u64, Option<StoredStream>>;
+pub(crate) type StreamCache = HashMap<u64, Option<StoredStream>, IdHashing>;
 
 /// Pending index writes over a read view of the index.
 ///
@@ -12,14 +15,18 @@ pub(crate) type StreamCache = HashMap<u64, Option<StoredStream>>;
 #[derive(Debug)]
 pub(crate) struct Txn<'a> {
     base: &'a Index,
-    writes: Overlay,
+    writes: Layer<FlatRuns>,
     streams: RefCell<StreamCache>,
-    dirty_streams: BTreeSet<u64>,
+    /// Streams written whole (encoded into `writes` when taken).
+    dirty_streams: HashSet<u64, IdHashing>,
+    /// Streams whose head was raised (repeats allowed): those not in `dirty_streams` are
+    /// taken as raised heads, without encoding the stream (see [`Layer::heads`]).
+    raised_heads: Vec<u64>,
 }
 
 impl<'a> Txn<'a> {
     pub(crate) fn new(base: &'a Index) -> Self {
-        Self::with_streams(base, StreamCache::new())
+        Self::with_streams(base, StreamCache::default())
     }
 
     /// A transaction that starts from already decoded streams. They must equal what `base`
@@ -28,9 +35,10 @@ impl<'a> Txn<'a> {
     pub(crate) fn with_streams(base: &'a Index, streams: StreamCache) -> Self {
         Self {
             base,
-            writes: Overlay::new(),
+            writes: Layer::default(),
             streams: RefCell::new(streams),
-            dirty_streams: BTreeSet::new(),
+            dirty_streams: HashSet::default(),
+            raised_heads: Vec::new(),
         }
     }
 
@@ -57,27 +65,22 @@ impl<'a> Txn<'a> {
         Ok(f(streams.get(&id).and_then(Option::as_ref)))
     }
 
+    /// Writes a key other than a run start's (those go through [`Txn::put_position`]).
     pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
         self.forget_cached(&key);
-        self.writes.insert(key, Some(value));
+        self.writes.put(key, Some(value));
     }
 
     pub(crate) fn remove_raw(&mut self, key: Vec<u8>) {
         self.forget_cached(&key);
-        self.writes.insert(key, None);
+        self.writes.put(key, None);
     }
 
     /// A raw write to a stream key replaces any decoded copy.
     fn forget_cached(&mut self, key: &[u8]) {
-        if key.first() == Some(&prefix::STREAM) {
-            if let Some(id) = key
-                .get(1..9)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            {
-                self.streams.get_mut().remove(&id);
-                self.dirty_streams.remove(&id);
-            }
+        if let Some(id) = split_stream_key(key) {
+            self.streams.get_mut().remove(&id);
+            self.dirty_streams.remove(&id);
         }
     }
 
@@ -90,18 +93,15 @@ impl<'a> Txn<'a> {
         self.dirty_streams.insert(s.meta.id);
     }
 
-    /// Changes a stream in place (if it exists) without copying it: the per-event path.
-    pub(crate) fn update_stream(
-        &mut self,
-        id: u64,
-        f: impl FnOnce(&mut StoredStream),
-    ) -> Result<()> {
+    /// Raises a stream's head to at least `seq` (if the stream exists) without copying or
+    /// re-encoding it: the per-event path.
+    pub(crate) fn raise_head(&mut self, id: u64, seq: u64) -> Result<()> {
         if !self.streams.get_mut().contains_key(&id) {
             self.stored_stream(id)?;
         }
         if let Some(Some(s)) = self.streams.get_mut().get_mut(&id) {
-            f(s);
-            self.dirty_streams.insert(id);
+            s.meta.head = s.meta.head.max(seq);
+            self.raised_heads.push(id);
         }
         Ok(())
     }
@@ -111,22 +111,35 @@ impl<'a> Txn<'a> {
     }
 
     pub(crate) fn put_position(&mut self, stream: u64, seq: u64, pos: Position) {
-        self.writes
-            .insert(event_key(stream, seq).to_vec(), Some(pos.encode().to_vec()));
+        self.writes.put_run(stream, seq, Some(pos.encode()));
     }
 
     /// True when nothing is pending.
     pub(crate) fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.dirty_streams.is_empty()
+        self.writes.is_empty() && self.dirty_streams.is_empty() && self.raised_heads.is_empty()
     }
 
-    /// The pending writes, with changed streams encoded, and the decoded streams.
-    pub(super) fn into_writes(mut self) -> (Overlay, StreamCache) {
+    /// The pending writes, with streams written whole encoded and raised heads as such,
+    /// and the decoded streams.
+    pub(super) fn into_writes(mut self) -> (Layer<FlatRuns>, StreamCache) {
         let streams = self.streams.into_inner();
-        for id in std::mem::take(&mut self.dirty_streams) {
+        for &id in &self.dirty_streams {
             if let Some(Some(s)) = streams.get(&id) {
                 self.writes
-                    .insert(stream_key(id).to_vec(), Some(encode_value(s)));
+                    .put(stream_key(id).to_vec(), Some(encode_value(s)));
+            }
+        }
+        // A stream written whole carries its head. Any other raised one is cached (or was
+        // forgotten by a raw write, and is then skipped or re-read from that write), and its
+        // cached head is its head now.
+        let raised = std::mem::take(&mut self.raised_heads);
+        self.writes.heads.reserve(raised.len());
+        for id in raised {
+            if self.dirty_streams.contains(&id) {
+                continue;
+            }
+            if let Some(Some(s)) = streams.get(&id) {
+                self.writes.heads.insert(id, s.meta.head);
             }
         }
         (self.writes, streams)
@@ -135,19 +148,13 @@ impl<'a> Txn<'a> {
 
 impl KvRead for Txn<'_> {
     fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if key.first() == Some(&prefix::STREAM) {
-            if let Some(id) = key
-                .get(1..9)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            {
-                if let Some(cached) = self.streams.borrow().get(&id) {
-                    return Ok(cached.as_ref().map(encode_value));
-                }
+        if let Some(id) = split_stream_key(key) {
+            if let Some(cached) = self.streams.borrow().get(&id) {
+                return Ok(cached.as_ref().map(encode_value));
             }
         }
         match self.writes.get(key) {
-            Some(v) => Ok(v.clone()),
+            Some(v) => Ok(v),
             None => self.base.raw_get(key),
         }
     }
@@ -157,11 +164,10 @@ impl KvRead for Txn<'_> {
             return Ok(cached.clone());
         }
         let k = stream_key(id);
-        let found = match self.writes.get(k.as_slice()) {
-            Some(v) => v.clone(),
-            None => self.base.raw_get(&k)?,
+        let decoded = match self.writes.kv.get(k.as_slice()) {
+            Some(v) => v.as_ref().map(|v| decode_value(&k, v)).transpose()?,
+            None => self.base.stored_stream(id)?,
         };
-        let decoded: Option<StoredStream> = found.map(|v| decode_value(&k, &v)).transpose()?;
         self.streams.borrow_mut().insert(id, decoded.clone());
         Ok(decoded)
     }
@@ -169,14 +175,13 @@ impl KvRead for Txn<'_> {
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> =
             self.base.raw_scan(prefix)?.into_iter().collect();
-        for (k, v) in self
-            .writes
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
+        let mut writes = Overlay::new();
+        self.writes
+            .range_into(prefix, prefix_end(prefix).as_deref(), &mut writes);
+        for (k, v) in writes {
             match v {
-                Some(v) => merged.insert(k.clone(), v.clone()),
-                None => merged.remove(k),
+                Some(v) => merged.insert(k, v),
+                None => merged.remove(&k),
             };
         }
         Ok(merged.into_iter().collect())
@@ -185,11 +190,13 @@ impl KvRead for Txn<'_> {
     fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
         let mut merged: std::collections::BTreeSet<Vec<u8>> =
             self.base.raw_range_keys(start, end)?.into_iter().collect();
-        for (k, v) in self.writes.range(start.to_vec()..end.to_vec()) {
+        let mut writes = Overlay::new();
+        self.writes.range_into(start, Some(end), &mut writes);
+        for (k, v) in writes {
             if v.is_some() {
-                merged.insert(k.clone());
+                merged.insert(k);
             } else {
-                merged.remove(k);
+                merged.remove(&k);
             }
         }
         Ok(merged.into_iter().collect())

@@ -17,6 +17,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::{Command, Request};
+use crate::index::IdHashing;
 
 /// Longest a group waits for producers to come back.
 pub(super) const GATHER_WAIT_MAX: Duration = Duration::from_millis(1);
@@ -28,8 +29,8 @@ pub(super) const GATHER_IDLE_MAX: Duration = Duration::from_micros(50);
 /// if every recent one comes back.
 #[derive(Debug, Default)]
 pub(super) struct Producers {
-    last: HashSet<u64>,
-    before: HashSet<u64>,
+    last: HashSet<u64, IdHashing>,
+    before: HashSet<u64, IdHashing>,
     /// Groups left that do not wait for stragglers (after waits that caught nobody).
     skip: u32,
     /// Straggler waits in a row that caught nobody (capped).
