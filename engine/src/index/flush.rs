@@ -11,33 +11,44 @@ impl Index {
             .flushing_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let (frozen, lsn) = {
-            let mut mem = self.mem_mut();
-            if mem.active.is_empty() {
-                return Ok(());
-            }
-            let frozen = Arc::new(std::mem::take(&mut mem.active));
-            mem.flushing = Some(Arc::clone(&frozen));
-            (frozen, mem.active_lsn)
+        let Some((frozen, lsn)) = self.freeze() else {
+            return Ok(());
         };
         let applied = self
             .batch_of(&frozen, lsn)
             .and_then(|batch| Ok(self.tree.apply_batch(batch)?));
-        let mut mem = self.mem_mut();
         match applied {
             Ok(()) => {
-                mem.flushing = None;
+                self.mem_mut().flushing = None;
                 Ok(())
             }
             Err(e) => {
                 // Keep the changes readable; the caller poisons the engine.
-                let mut restored = (*frozen).clone();
-                restored.absorb(std::mem::take(&mut mem.active));
-                mem.active = restored;
-                mem.flushing = None;
+                self.restore(&frozen);
                 Err(e)
             }
         }
+    }
+
+    /// Turns the active memtable into the flushing one (still readable) and returns it with
+    /// its LSN; `None` when there is nothing to flush.
+    fn freeze(&self) -> Option<(Arc<Layer>, u64)> {
+        let mut mem = self.mem_mut();
+        if mem.active.is_empty() {
+            return None;
+        }
+        let frozen = Arc::new(std::mem::take(&mut mem.active));
+        mem.flushing = Some(Arc::clone(&frozen));
+        Some((frozen, mem.active_lsn))
+    }
+
+    /// After a failed flush: the frozen changes go back under the active ones.
+    fn restore(&self, frozen: &Layer) {
+        let mut mem = self.mem_mut();
+        let mut restored = frozen.clone();
+        restored.absorb(std::mem::take(&mut mem.active));
+        mem.active = restored;
+        mem.flushing = None;
     }
 
     /// The sled batch that moves `frozen` into sled: run starts are merged into their
@@ -100,3 +111,6 @@ pub(super) fn raise_head(key: &[u8], v: &[u8], head: u64) -> Result<Vec<u8>> {
     s.meta.head = s.meta.head.max(head);
     Ok(encode_value(&s))
 }
+
+#[cfg(test)]
+mod tests;

@@ -176,6 +176,9 @@ pub(super) struct Layer<R = StreamRuns> {
     /// stream, so its metadata is not re-encoded per group commit. A write of the stream's
     /// `S` key into `kv` drops its entry here (the value carries the head).
     pub(super) heads: HashMap<u64, u64, IdHashing>,
+    /// Some `E` key went into `kv` with a value that is not a position (see [`Layer::put`]):
+    /// run starts written later must replace it there too.
+    malformed_runs: bool,
 }
 
 /// The stream id of an `S` key.
@@ -198,6 +201,9 @@ impl<R: Runs> Layer<R> {
 
     /// Writes (`Some`) or deletes (`None`) the run start of `stream` at `seq`.
     pub(super) fn put_run(&mut self, stream: u64, seq: u64, value: Option<RunValue>) {
+        if self.malformed_runs {
+            self.kv.remove(event_key(stream, seq).as_slice());
+        }
         self.runs.put(stream, seq, value);
     }
 
@@ -216,7 +222,10 @@ impl<R: Runs> Layer<R> {
                     self.kv.remove(&key);
                     return;
                 }
-                Some(Err(_)) => self.runs.forget(stream, seq),
+                Some(Err(_)) => {
+                    self.runs.forget(stream, seq);
+                    self.malformed_runs = true;
+                }
             }
         }
         if let Some(id) = split_stream_key(&key) {
@@ -240,10 +249,9 @@ impl<R: Runs> Layer<R> {
         for (k, v) in newer.kv {
             self.put(k, v);
         }
-        let runs = &mut self.runs;
         newer
             .runs
-            .drain(&mut |stream, seq, v| runs.put(stream, seq, v));
+            .drain(&mut |stream, seq, v| self.put_run(stream, seq, v));
         self.heads.extend(newer.heads);
     }
 
