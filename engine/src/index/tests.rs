@@ -204,6 +204,18 @@ pub(super) fn new_stream(id: u64) -> StoredStream {
 }
 
 /// Every way readers see streams agrees with `m`.
+/// The streams sled holds (flushed), by id.
+pub(super) fn streams_in_sled(index: &Index) -> Vec<StoredStream> {
+    index
+        .tree
+        .scan_prefix([prefix::STREAM])
+        .map(|kv| {
+            let (k, v) = kv.unwrap();
+            decode_value(&k, &v).unwrap()
+        })
+        .collect()
+}
+
 pub(super) fn check_streams(index: &Index, m: &BTreeMap<u64, StoredStream>) {
     for id in 0..4 {
         assert_eq!(
@@ -280,15 +292,7 @@ proptest! {
         index.flush_memtable().unwrap();
         prop_assert_eq!(index.memtable_len(), 0);
         check_streams(&index, &committed);
-        let in_sled: Vec<StoredStream> = index
-            .tree
-            .scan_prefix([prefix::STREAM])
-            .map(|kv| {
-                let (k, v) = kv.unwrap();
-                decode_value(&k, &v).unwrap()
-            })
-            .collect();
-        prop_assert_eq!(in_sled, committed.values().cloned().collect::<Vec<_>>());
+        prop_assert_eq!(streams_in_sled(&index), committed.values().cloned().collect::<Vec<_>>());
     }
 }
 

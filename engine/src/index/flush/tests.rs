@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::super::tests::{check_streams, new_stream};
+use super::super::tests::{check_streams, new_stream, streams_in_sled};
 use super::*;
 
 /// One step of the staged-flush model test.
@@ -57,6 +57,13 @@ fn check_streams_all(index: &Index, m: &BTreeMap<u64, StoredStream>) {
         m.len() as u64,
         "count"
     );
+}
+
+/// The second half of a flush started with `Index::freeze`: the layer goes into sled.
+fn finish_flush(index: &Index, frozen: &Layer, lsn: u64) {
+    let batch = index.batch_of(frozen, lsn).unwrap();
+    index.tree.apply_batch(batch).unwrap();
+    index.mem_mut().flushing = None;
 }
 
 proptest! {
@@ -134,9 +141,7 @@ proptest! {
                 }
                 ROp::FinishFlush => {
                     if let Some((frozen, l)) = inflight.take() {
-                        let batch = index.batch_of(&frozen, l).unwrap();
-                        index.tree.apply_batch(batch).unwrap();
-                        index.mem_mut().flushing = None;
+                        finish_flush(&index, &frozen, l);
                         check_streams_all(&index, &committed);
                     }
                 }
@@ -150,21 +155,11 @@ proptest! {
         }
         drop(txn);
         if let Some((frozen, l)) = inflight.take() {
-            let batch = index.batch_of(&frozen, l).unwrap();
-            index.tree.apply_batch(batch).unwrap();
-            index.mem_mut().flushing = None;
+            finish_flush(&index, &frozen, l);
         }
         index.flush_memtable().unwrap();
         check_streams_all(&index, &committed);
-        let in_sled: Vec<StoredStream> = index
-            .tree
-            .scan_prefix([prefix::STREAM])
-            .map(|kv| {
-                let (k, v) = kv.unwrap();
-                decode_value(&k, &v).unwrap()
-            })
-            .collect();
-        prop_assert_eq!(in_sled, committed.values().cloned().collect::<Vec<_>>());
+        prop_assert_eq!(streams_in_sled(&index), committed.values().cloned().collect::<Vec<_>>());
     }
 }
 
