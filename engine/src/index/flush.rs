@@ -79,18 +79,18 @@ impl Index {
             }
         }
         for (stream, seqs) in frozen.runs.streams() {
-            let mut changes = seqs.iter().peekable();
-            while let Some((&seq, v)) = changes.next() {
+            let mut changes = seqs.as_slice().iter().peekable();
+            while let Some(&(seq, v)) = changes.next() {
                 let chunk = seq >> CHUNK_BITS;
                 let key = chunk_key(stream, chunk);
                 let mut entries = match self.tree.get(key)? {
                     Some(stored) => decode_chunk(&key, &stored)?,
                     None => ChunkEntries::new(),
                 };
-                merge_run_start(&mut entries, seq, *v);
+                merge_run_start(&mut entries, seq, v);
                 // The seqs are ordered, so the chunk's other changes follow this one.
-                while let Some((&seq, v)) = changes.next_if(|(q, _)| *q >> CHUNK_BITS == chunk) {
-                    merge_run_start(&mut entries, seq, *v);
+                while let Some(&(seq, v)) = changes.next_if(|(q, _)| *q >> CHUNK_BITS == chunk) {
+                    merge_run_start(&mut entries, seq, v);
                 }
                 if entries.is_empty() {
                     batch.remove(&key);
