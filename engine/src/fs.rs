@@ -1,5 +1,5 @@
 //! The file-system seam: every byte the log writes or reads goes through [`FileSystem`], so
-//! tests can swap in a fault-injecting twin ([`FaultyFs`], feature `testing`).
+//! tests can swap in a fault-injecting twin (`FaultyFs` in `fs/faulty.rs`, feature `testing`).
 //!
 //! Only this module (and `mmap.rs`, for maps) touches OS file APIs for segments. The sled
 //! index and the directory lock use the real file system always.

@@ -8,7 +8,7 @@
 //!
 //! rmcp does not pass the session to the store, so [`crate::CursorlogSessionManager`] tells it:
 //! while rmcp creates a request stream (and stores its priming event) the manager holds
-//! [`CursorlogEventStore::bind_next`]'s slot with the session and request id.
+//! `CursorlogEventStore::bind_next`'s slot with the session and request id.
 //!
 //! The priming event writes nothing: its id is the cursor before the stream's first event.
 //! The JSON-RPC response (or error) to the stream's own request is the terminal frame
@@ -294,7 +294,7 @@ impl EventStore for CursorlogEventStore {
     /// (see [`crate::replay`]).
     ///
     /// The cursor is judged inside the session that presents it, which rmcp does not pass
-    /// here: [`crate::CursorlogSessionManager::resume`] supplies it. Called any other way (rmcp's
+    /// here: `resume` of [`crate::CursorlogSessionManager`] supplies it. Called any other way (rmcp's
     /// `LocalSessionManager`, or 2026-07-28 stateless traffic, whose spec says `Last-Event-ID`
     /// is to be ignored) there is no session, and it refuses rather than guess one.
     async fn replay_events_after(
