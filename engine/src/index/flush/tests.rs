@@ -1,11 +1,12 @@
-//! The flush against the raised-heads memtable, in stages: readers while a layer is being
-//! flushed, after a failed flush is restored, and racing commits and flushes.
+//! Heads raised per append (kept apart from the stream's value in the memtable) read back,
+//! and flush into sled, as if the stream had been rewritten each time: across commits, raw
+//! writes and flushes in stages (readers while a layer is being flushed, after a failed flush
+//! is restored), and with readers racing commits and flushes.
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::super::tests::{check_streams, new_stream, streams_in_sled};
 use super::*;
 
 /// One step of the staged-flush model test.
@@ -39,6 +40,54 @@ fn r_op() -> impl Strategy<Value = ROp> {
     ]
 }
 
+fn new_stream(id: u64) -> StoredStream {
+    StoredStream {
+        meta: StreamMeta {
+            id,
+            session: format!("session-{id}"),
+            epoch: 1,
+            state: crate::state::StreamState::Open,
+            head: 0,
+            watermark: 1,
+            correlation: None,
+            opened_at_ms: 7,
+            ended_at_ms: None,
+            end_reason: None,
+            has_terminal_frame: false,
+            lease_ms: None,
+        },
+        origin_lsn: id + 1,
+    }
+}
+
+/// The streams sled holds (flushed), by id.
+fn streams_in_sled(index: &Index) -> Vec<StoredStream> {
+    index
+        .tree
+        .scan_prefix([prefix::STREAM])
+        .map(|kv| {
+            let (k, v) = kv.unwrap();
+            decode_value(&k, &v).unwrap()
+        })
+        .collect()
+}
+
+/// Every way readers see streams agrees with `m`.
+fn check_streams(index: &Index, m: &BTreeMap<u64, StoredStream>) {
+    for id in 0..4 {
+        assert_eq!(
+            index.stored_stream(id).unwrap().as_ref(),
+            m.get(&id),
+            "stream {id}"
+        );
+        let raw = index.raw_get(&stream_key(id)).unwrap();
+        assert_eq!(raw, m.get(&id).map(encode_value), "raw stream {id}");
+    }
+    let listed: Vec<StoredStream> = index.streams().unwrap();
+    assert_eq!(listed, m.values().cloned().collect::<Vec<_>>(), "streams()");
+}
+
+/// [`check_streams`], and the raw dump and count of stream keys agree too.
 fn check_streams_all(index: &Index, m: &BTreeMap<u64, StoredStream>) {
     check_streams(index, m);
     let dumped: Vec<(Vec<u8>, Vec<u8>)> = index
@@ -158,6 +207,7 @@ proptest! {
             finish_flush(&index, &frozen, l);
         }
         index.flush_memtable().unwrap();
+        prop_assert_eq!(index.memtable_len(), 0);
         check_streams_all(&index, &committed);
         prop_assert_eq!(streams_in_sled(&index), committed.values().cloned().collect::<Vec<_>>());
     }
