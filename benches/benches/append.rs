@@ -44,14 +44,13 @@ fn run_appenders(
         }
         return start.elapsed();
     }
-    let threads = streams.len() as u64;
     let barrier = Barrier::new(streams.len() + 1);
     std::thread::scope(|scope| {
         let handles: Vec<_> = streams
             .iter()
             .enumerate()
             .map(|(i, (session, stream))| {
-                let calls = iters / threads + u64::from((i as u64) < iters % threads);
+                let calls = share_of(iters, i, streams.len());
                 let barrier = &barrier;
                 scope.spawn(move || {
                     barrier.wait();
@@ -70,6 +69,13 @@ fn run_appenders(
         }
         start.elapsed()
     })
+}
+
+/// Appender `i`'s share of `iters` calls spread evenly over `appenders` (the first
+/// `iters % appenders` take one more).
+fn share_of(iters: u64, i: usize, appenders: usize) -> u64 {
+    let n = appenders as u64;
+    iters / n + u64::from((i as u64) < iters % n)
 }
 
 /// One stream in its own session per appender.
@@ -95,14 +101,13 @@ fn run_appender_tasks(
     body: &[u8],
     iters: u64,
 ) -> Duration {
-    let tasks = streams.len() as u64;
     runtime.block_on(async {
         let start = Instant::now();
         let handles: Vec<_> = streams
             .iter()
             .enumerate()
             .map(|(i, (session, stream))| {
-                let calls = iters / tasks + u64::from((i as u64) < iters % tasks);
+                let calls = share_of(iters, i, streams.len());
                 let engine = engine.clone();
                 let session = session.clone();
                 let stream = *stream;
