@@ -76,6 +76,23 @@ pub struct SessionInfo {
     pub epoch: u64,
     /// True when this call created it.
     pub created: bool,
+    /// The session's opaque state (empty when it has none).
+    pub state: Vec<u8>,
+}
+
+/// What a replica needs to restore a session it did not create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionView {
+    /// Session id.
+    pub session: String,
+    /// Its current epoch.
+    pub epoch: u64,
+    /// When it was opened, ms since the Unix epoch.
+    pub opened_at_ms: u64,
+    /// True once expired (explicitly or after its idle TTL); remembered until the horizon.
+    pub expired: bool,
+    /// The session's opaque state (empty when it has none).
+    pub state: Vec<u8>,
 }
 
 /// Result of advancing a session's epoch.
@@ -163,6 +180,36 @@ pub struct Terminated {
     pub terminal_seq: u64,
     /// Event id of the terminal seq.
     pub cursor: Cursor,
+    /// True when this was a retry of the completion already in the log (same expected seq
+    /// and terminal frame) and nothing was written.
+    pub duplicate: bool,
+}
+
+/// One write of [`crate::Engine::write_batch_async`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchWrite {
+    /// An append, as [`crate::Engine::append`].
+    Append(Append),
+    /// A completion, as [`crate::Engine::complete`].
+    Complete {
+        /// Owning session.
+        session: String,
+        /// The stream.
+        stream: u64,
+        /// The seq the terminal frame must get (a retry is recognised).
+        expected_next_seq: Option<u64>,
+        /// The terminal frame.
+        terminal: NewEvent,
+    },
+}
+
+/// The answer to one [`BatchWrite`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchWritten {
+    /// The append was written (or recognised as a retry).
+    Appended(Appended),
+    /// The completion was written (or recognised as a retry).
+    Completed(Terminated),
 }
 
 /// One bounded read.
@@ -222,4 +269,17 @@ pub struct Stats {
     pub segments_deleted: u64,
     /// Microseconds recovery took at open.
     pub recovery_micros: u64,
+    /// Sessions not expired.
+    pub live_sessions: u64,
+    /// Streams in state `Open`.
+    pub open_streams: u64,
+    /// True once a failed write or fsync made the engine refuse every write.
+    pub poisoned: bool,
+    /// Free bytes on the data directory's file system at the last check (`None` before the
+    /// first check).
+    pub disk_free_bytes: Option<u64>,
+    /// Appends refused because free space was below the reserve, since open.
+    pub appends_refused_low_disk: u64,
+    /// Sessions expired after their idle TTL, since open.
+    pub sessions_expired_idle: u64,
 }

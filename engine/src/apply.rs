@@ -7,8 +7,9 @@
 
 use crate::error::Result;
 use crate::index::{
-    event_key, open_stream_key, origin_key, outcome_key, session_key, stream_key,
-    terminal_frame_key, KvRead, StoredSession, StoredStream, Txn, ORIGIN_SESSION, ORIGIN_STREAM,
+    event_key, open_stream_key, origin_key, outcome_key, session_key, session_state_key,
+    stream_key, terminal_frame_key, KvRead, StoredSession, StoredStream, Txn, ORIGIN_SESSION,
+    ORIGIN_STREAM,
 };
 use crate::log::Position;
 use crate::record::{Record, StreamSnapshot};
@@ -119,6 +120,14 @@ pub(crate) fn apply(
                 txn.remove_raw(origin_key(s.origin_lsn, ORIGIN_SESSION, session.as_bytes()));
             }
             txn.remove_raw(session_key(session));
+            txn.remove_raw(session_state_key(session));
+        }
+        Record::SessionState(b) => {
+            if b.state.is_empty() {
+                txn.remove_raw(session_state_key(&b.session));
+            } else {
+                txn.put_raw(session_state_key(&b.session), b.state.clone());
+            }
         }
         Record::Trim {
             stream, watermark, ..

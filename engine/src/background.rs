@@ -185,8 +185,7 @@ pub(crate) fn spawn_index_flusher(
                 continue;
             }
             if let Err(e) = shared.index.flush_memtable() {
-                tracing::error!(error = %e, "index flush failed; engine poisoned until reopened");
-                shared.poisoned.store(true, Ordering::Release);
+                shared.poison(&e);
             }
         })
         .map_err(Error::io("starting the index flush thread"))

@@ -97,6 +97,12 @@ pub struct Config {
     pub id_bytes_max: u32,
     /// Most events returned by one read call.
     pub read_events_max: u32,
+    /// Largest opaque session state (`open_session_with_state`), in bytes.
+    pub session_state_bytes_max: u32,
+    /// A session that no call names for this long is expired (its open streams end); `None`
+    /// keeps idle sessions forever. Renewed by every call naming the session and held off
+    /// while a follower of one of its streams is open.
+    pub session_idle_ttl: Option<Duration>,
     /// Retention rules.
     pub retention: Retention,
 }
@@ -112,6 +118,8 @@ impl Config {
             batch_events_max: 1024,
             id_bytes_max: 256,
             read_events_max: 4096,
+            session_state_bytes_max: 64 * 1024,
+            session_idle_ttl: Some(Duration::from_secs(3600)),
             retention: Retention::default(),
         }
     }

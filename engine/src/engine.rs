@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use crate::api::{
-    Append, Appended, EpochAdvanced, NewEvent, OpenStream, SessionExpired, SessionInfo, Stats,
-    StreamInfo, Terminated,
+    Append, Appended, BatchWrite, BatchWritten, EpochAdvanced, NewEvent, OpenStream,
+    SessionExpired, SessionInfo, SessionView, Stats, StreamInfo, Terminated,
 };
 use crate::background::{run_retention, spawn_index_flusher, spawn_maintenance, Leases};
 use crate::config::Config;
@@ -16,9 +16,12 @@ use crate::error::{Error, Result};
 use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
 use crate::index::prefix;
+use crate::index::KvRead;
 use crate::recovery::{recover, RecoveryReport};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
-use crate::writer::{send, submit_async, wait, Command, Counters, Reply, Request, Shared, Writer};
+use crate::writer::{
+    send, send_async, submit_async, wait, Command, Counters, Reply, Request, Shared, Writer,
+};
 
 /// Depth of the writer's request queue; appenders block beyond it (back-pressure).
 const WRITER_QUEUE_DEPTH: usize = 16 * 1024;
@@ -136,6 +139,7 @@ impl Engine {
             counters: Counters::default(),
             commits,
             summaries: crate::retention::Summaries::default(),
+            poison_signal: tokio::sync::watch::channel(false).0,
         });
         shared
             .counters
@@ -258,10 +262,93 @@ impl Engine {
     /// # Errors
     /// Invalid id; [`Error::SessionExpired`] for an expired session id; write failures.
     pub fn open_session(&self, session: &str) -> Result<SessionInfo> {
+        self.open_session_with_state(session, None)
+    }
+
+    /// [`Engine::open_session`], storing `state` (opaque, e.g. the MCP `initialize`
+    /// parameters a replica needs to restore the session) with a session this call creates,
+    /// in the same durable record group. The state of an existing session is returned
+    /// unchanged; it lives exactly as long as the session.
+    ///
+    /// # Errors
+    /// As [`Engine::open_session`]; [`Error::TooLarge`] above `session_state_bytes_max`.
+    pub fn open_session_with_state(
+        &self,
+        session: &str,
+        state: Option<Vec<u8>>,
+    ) -> Result<SessionInfo> {
         self.check_id("session", session)?;
-        match self.submit(Command::OpenSession(session.to_owned()))? {
+        if let Some(s) = &state {
+            self.check_session_state(s)?;
+        }
+        let cmd = Command::OpenSession {
+            session: session.to_owned(),
+            state,
+        };
+        match self.submit(cmd)? {
             Reply::Session(s) => Ok(s),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    fn check_session_state(&self, state: &[u8]) -> Result<()> {
+        let limit = self.config().session_state_bytes_max;
+        if state.len() as u64 > u64::from(limit) {
+            return Err(Error::TooLarge {
+                what: "session state (bytes)",
+                got: state.len() as u64,
+                limit: u64::from(limit),
+            });
+        }
+        Ok(())
+    }
+
+    /// Replaces a live session's opaque state (empty clears it).
+    ///
+    /// # Errors
+    /// Unknown or expired session; [`Error::TooLarge`]; write failures.
+    pub fn set_session_state(&self, session: &str, state: Vec<u8>) -> Result<()> {
+        self.check_id("session", session)?;
+        self.check_session_state(&state)?;
+        let cmd = Command::SetSessionState {
+            session: session.to_owned(),
+            state,
+        };
+        match self.submit(cmd)? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The session as a replica restoring it needs it, `None` when it was never opened or
+    /// is past its metadata horizon.
+    ///
+    /// # Errors
+    /// Invalid id; index failures.
+    pub fn session(&self, session: &str) -> Result<Option<SessionView>> {
+        self.check_id("session", session)?;
+        let index = &self.inner.shared.index;
+        let Some(s) = index.stored_session(session)? else {
+            return Ok(None);
+        };
+        Ok(Some(SessionView {
+            session: s.meta.id,
+            epoch: s.meta.epoch,
+            opened_at_ms: s.meta.opened_at_ms,
+            expired: s.meta.expired_at_ms.is_some(),
+            state: index.session_state(session)?.unwrap_or_default(),
+        }))
+    }
+
+    /// Checks that the session is live (renewing its idle TTL).
+    ///
+    /// # Errors
+    /// [`Error::UnknownSession`]; [`Error::SessionExpired`]; index failures.
+    pub fn touch_session(&self, session: &str) -> Result<()> {
+        match self.session(session)? {
+            None => Err(Error::UnknownSession),
+            Some(s) if s.expired => Err(Error::SessionExpired),
+            Some(_) => Ok(()),
         }
     }
 
@@ -348,6 +435,29 @@ impl Engine {
             Reply::Appended(a) => Ok(a),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// Validates `req` and queues it to the writer now; the returned future resolves once it
+    /// is durable. Appends queued one after another apply in that order, whenever their
+    /// futures are awaited: a caller pipelining appends (many in flight, answered in order)
+    /// queues each as it arrives.
+    ///
+    /// # Errors
+    /// Refusals before queuing (bad input, closed, poisoned) at once; the rest, as
+    /// [`Engine::append`], from the future.
+    pub fn queue_append(
+        &self,
+        req: Append,
+    ) -> Result<impl std::future::Future<Output = Result<Appended>> + Send + 'static> {
+        self.check_append(&req)?;
+        let tx = self.sender()?;
+        let reply = send_async(&tx, &self.inner.shared, Command::Append(req))?;
+        Ok(async move {
+            match reply.await.map_err(|_| Error::Closed)?? {
+                Reply::Appended(a) => Ok(a),
+                other => Err(unexpected(&other)),
+            }
+        })
     }
 
     /// Checks an append's limits (nothing is written for a refused one) and renews the
@@ -508,6 +618,17 @@ impl Engine {
             segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
             recovery_micros: u64::try_from(self.inner.report.elapsed.as_micros())
                 .unwrap_or(u64::MAX),
+            live_sessions: s
+                .index
+                .sessions()?
+                .iter()
+                .filter(|x| x.meta.expired_at_ms.is_none())
+                .count() as u64,
+            open_streams: s.index.count(prefix::OPEN_STREAM)?,
+            poisoned: self.is_poisoned(),
+            disk_free_bytes: None,
+            appends_refused_low_disk: 0,
+            sessions_expired_idle: 0,
         })
     }
 
@@ -564,15 +685,100 @@ impl Engine {
     /// Drains the writer, syncs, and stops; later calls on any clone fail with `Closed`.
     ///
     /// # Errors
-    /// The final sync failed.
+    /// The final sync failed, or the engine was poisoned ([`Error::Poisoned`]): writes were
+    /// refused, and the next open must recover the directory. A supervisor should treat
+    /// that as a failure (the server exits non-zero).
     pub fn close(&self) -> Result<()> {
-        let result = if self.inner.shared.poisoned.load(Ordering::Acquire) {
-            Ok(())
+        let result = if self.is_poisoned() {
+            Err(Error::Poisoned)
         } else {
             self.sync().map(|_| ())
         };
         self.inner.stop_threads();
         result
+    }
+
+    /// True once a failed write, fsync or index flush made the engine refuse every write.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.shared.poisoned.load(Ordering::Acquire)
+    }
+
+    /// A receiver that turns true the moment the engine is poisoned (see
+    /// [`Engine::is_poisoned`]): the server flips its health status on it.
+    pub fn poison_watch(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.shared.poison_signal.subscribe()
+    }
+
+    /// Many independent appends and completions, all queued to the writer before any is
+    /// awaited (so they share group commits), each answered on its own: one failing item
+    /// never fails another. Items of one stream apply in item order.
+    ///
+    /// # Errors
+    /// Per item, as [`Engine::append`] or [`Engine::complete`].
+    pub async fn write_batch_async(&self, items: Vec<BatchWrite>) -> Vec<Result<BatchWritten>> {
+        enum Pending {
+            Failed(Error),
+            Queued {
+                reply: tokio::sync::oneshot::Receiver<Result<Reply>>,
+                complete: Option<u64>,
+            },
+        }
+        let tx = self.sender();
+        let mut pending = Vec::with_capacity(items.len());
+        for item in items {
+            let queued = match &tx {
+                Err(_) => Err(Error::Closed),
+                Ok(tx) => match item {
+                    BatchWrite::Append(req) => self.check_append(&req).and_then(|()| {
+                        send_async(tx, &self.inner.shared, Command::Append(req))
+                            .map(|reply| (reply, None))
+                    }),
+                    BatchWrite::Complete {
+                        session,
+                        stream,
+                        expected_next_seq,
+                        terminal,
+                    } => self
+                        .check_id("session", &session)
+                        .and_then(|()| self.check_event(&terminal))
+                        .and_then(|()| {
+                            let cmd = Command::Terminate {
+                                session: Some(session),
+                                stream,
+                                state: StreamState::Completed,
+                                expected_next_seq,
+                                reason: None,
+                                frame: Some(terminal),
+                            };
+                            send_async(tx, &self.inner.shared, cmd).map(|r| (r, Some(stream)))
+                        }),
+                },
+            };
+            pending.push(match queued {
+                Ok((reply, complete)) => Pending::Queued { reply, complete },
+                Err(e) => Pending::Failed(e),
+            });
+        }
+        let mut out = Vec::with_capacity(pending.len());
+        for p in pending {
+            out.push(match p {
+                Pending::Failed(e) => Err(e),
+                Pending::Queued { reply, complete } => {
+                    match reply.await.map_err(|_| Error::Closed).and_then(|r| r) {
+                        Ok(Reply::Appended(a)) => Ok(BatchWritten::Appended(a)),
+                        Ok(Reply::Terminated(t)) => {
+                            if let Some(stream) = complete {
+                                self.inner.leases.remove(stream);
+                            }
+                            Ok(BatchWritten::Completed(t))
+                        }
+                        Ok(other) => Err(unexpected(&other)),
+                        Err(e) => Err(e),
+                    }
+                }
+            });
+        }
+        out
     }
 
     /// The whole index, for tests that compare a rebuilt index with the live one.

@@ -42,6 +42,7 @@ pub(crate) mod prefix {
     pub const OUTCOME: u8 = b'O';
     pub const OPEN_STREAM: u8 = b'L';
     pub const ORIGIN: u8 = b'R';
+    pub const SESSION_STATE: u8 = b'G';
 }
 
 const APPLIED_LSN: &[u8] = b"Mapplied_lsn";
@@ -67,6 +68,13 @@ pub(crate) struct StoredStream {
 pub(crate) fn session_key(id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + id.len());
     k.push(prefix::SESSION);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+pub(crate) fn session_state_key(id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + id.len());
+    k.push(prefix::SESSION_STATE);
     k.extend_from_slice(id.as_bytes());
     k
 }
@@ -168,6 +176,11 @@ pub(crate) trait KvRead {
     fn stored_stream(&self, id: u64) -> Result<Option<StoredStream>> {
         let k = stream_key(id);
         self.raw_get(&k)?.map(|v| decode_value(&k, &v)).transpose()
+    }
+
+    /// The session's opaque state, if it has one.
+    fn session_state(&self, id: &str) -> Result<Option<Vec<u8>>> {
+        self.raw_get(&session_state_key(id))
     }
 
     fn terminal_frame(&self, stream: u64) -> Result<Option<EventBody>> {

@@ -54,8 +54,8 @@ mod verify;
 mod writer;
 
 pub use api::{
-    Append, Appended, EpochAdvanced, Event, NewEvent, OpenStream, Outcome, ReadBatch,
-    SessionExpired, SessionInfo, Stats, StreamInfo, Terminated,
+    Append, Appended, BatchWrite, BatchWritten, EpochAdvanced, Event, NewEvent, OpenStream,
+    Outcome, ReadBatch, SessionExpired, SessionInfo, SessionView, Stats, StreamInfo, Terminated,
 };
 /// The payload type of [`Event`], re-exported so callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;

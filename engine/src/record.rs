@@ -23,6 +23,7 @@ pub(crate) mod tag {
     pub const STREAM_SNAPSHOT: u8 = 9;
     pub const STREAM_FORGOTTEN: u8 = 10;
     pub const SESSION_FORGOTTEN: u8 = 11;
+    pub const SESSION_STATE: u8 = 12;
 }
 
 /// An event's stored fields (also the terminal frame inside [`Terminal`]).
@@ -89,6 +90,16 @@ pub(crate) enum Record {
         session: String,
         at_ms: u64,
     },
+    /// Replaces a session's opaque state (the front-end's, e.g. MCP `initialize` parameters).
+    SessionState(SessionStateBody),
+}
+
+/// A session's opaque state, as set by the front-end.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct SessionStateBody {
+    pub session: String,
+    pub state: Vec<u8>,
+    pub at_ms: u64,
 }
 
 /// A stream was opened.
@@ -144,6 +155,7 @@ impl Record {
             Self::StreamSnapshot(_) => tag::STREAM_SNAPSHOT,
             Self::StreamForgotten { .. } => tag::STREAM_FORGOTTEN,
             Self::SessionForgotten { .. } => tag::SESSION_FORGOTTEN,
+            Self::SessionState(_) => tag::SESSION_STATE,
         }
     }
 
@@ -208,6 +220,7 @@ impl Record {
                 },
                 out,
             ),
+            Self::SessionState(b) => codec::encode_into(b, out),
         }
     }
 
@@ -284,6 +297,7 @@ impl Record {
                     at_ms: b.at_ms,
                 }
             }
+            tag::SESSION_STATE => Self::SessionState(codec::decode(body)?),
             other => return Err(format!("unknown record type {other}")),
         })
     }

@@ -34,7 +34,15 @@ pub(crate) fn now_ms() -> u64 {
 /// A request to the writer.
 #[derive(Debug)]
 pub(crate) enum Command {
-    OpenSession(String),
+    OpenSession {
+        session: String,
+        /// Stored with a session this creates (ignored for an existing one).
+        state: Option<Vec<u8>>,
+    },
+    SetSessionState {
+        session: String,
+        state: Vec<u8>,
+    },
     AdvanceEpoch(String),
     ExpireSession(String),
     OpenStream(OpenStream),
@@ -133,13 +141,25 @@ pub(crate) async fn submit_async(
     shared: &Shared,
     cmd: Command,
 ) -> Result<Reply> {
+    let reply = send_async(tx, shared, cmd)?;
+    reply.await.map_err(|_| Error::Closed)?
+}
+
+/// Queues `cmd` for the writer; the answer arrives on the returned receiver. Split from
+/// [`submit_async`] so a caller can queue many requests before awaiting any (they then
+/// share group commits).
+pub(crate) fn send_async(
+    tx: &SyncSender<Request>,
+    shared: &Shared,
+    cmd: Command,
+) -> Result<tokio::sync::oneshot::Receiver<Result<Reply>>> {
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
     }
     let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
     tx.send((cmd, ReplyTo::Async(reply_tx)))
         .map_err(|_| Error::Closed)?;
-    reply_rx.await.map_err(|_| Error::Closed)?
+    Ok(reply_rx)
 }
 
 /// Counters the writer keeps for stats.
@@ -166,6 +186,23 @@ pub(crate) struct Shared {
     pub commits: tokio::sync::watch::Sender<u64>,
     /// Retention's per-segment summaries (sealed segments never change).
     pub summaries: crate::retention::Summaries,
+    /// Turns true (once, for good) when the engine is poisoned, for whoever must react at
+    /// once: the server's health status, a supervisor.
+    pub poison_signal: tokio::sync::watch::Sender<bool>,
+}
+
+impl Shared {
+    /// Refuses every later write until the engine is reopened (recovery repairs what a
+    /// failed write or fsync left), and says so: the log, the poison signal.
+    pub(crate) fn poison(&self, e: &Error) {
+        tracing::error!(
+            error = %e,
+            "write path failed; the engine refuses every write until it is reopened \
+             (restart the server: recovery repairs the log)"
+        );
+        self.poisoned.store(true, Ordering::Release);
+        self.poison_signal.send_replace(true);
+    }
 }
 
 /// A group commit's answers, all successful, handed to the acknowledging thread.
@@ -207,6 +244,10 @@ pub(crate) struct Writer {
     /// The group commit buffer, kept (emptied) between groups so a group's frames are
     /// written into memory already grown to a group's size, not regrown from empty.
     buf: Vec<u8>,
+    /// The event runs this group appended so far (one per request), so a retry planned in
+    /// the same group checks its events against the group's own frames, which are not in
+    /// the log yet.
+    group_runs: Vec<plan::PendingRun>,
 }
 
 /// The largest group buffer kept for the next group; a larger one is freed after its group.
@@ -225,6 +266,7 @@ impl Writer {
             acks_in_flight: Arc::default(),
             producers: Producers::default(),
             buf: Vec::new(),
+            group_runs: Vec::new(),
         }
     }
 
@@ -343,8 +385,7 @@ impl Writer {
     }
 
     fn poison(&self, e: &Error) {
-        tracing::error!(error = %e, "write path failed; engine poisoned until reopened");
-        self.shared.poisoned.store(true, Ordering::Release);
+        self.shared.poison(e);
     }
 
     fn sync_if_due(&mut self, force_interval: bool) {
@@ -411,6 +452,7 @@ impl Writer {
         let mut txn = Txn::with_streams(&index, streams);
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
+        self.group_runs.clear();
         let mut acks = Vec::with_capacity(batch.len());
         let mut retire = Vec::new();
         let mut force_sync = false;
@@ -425,7 +467,7 @@ impl Writer {
                 cmd,
                 Command::Sync
                     | Command::Retire { .. }
-                    | Command::OpenSession(_)
+                    | Command::OpenSession { .. }
                     | Command::OpenStream(_)
                     | Command::AdvanceEpoch(_)
             );

@@ -47,7 +47,7 @@ fn append(e: &Engine, session: &str, stream: u64, n: u64) {
             .map_or(0, |b| b.head);
         let seq = head + 1;
         let mut ev = NewEvent::new(format!("k{}", seq % 3), payload(stream, seq));
-        if seq % 4 == 0 {
+        if seq.is_multiple_of(4) {
             ev.correlation = Some(format!("c{seq}"));
         }
         e.append(Append {

@@ -72,6 +72,19 @@ fn sample_records() -> Vec<Record> {
             meta,
             terminal_frame: Some(ev),
         }),
+        Record::StreamForgotten {
+            stream: 7,
+            at_ms: 11,
+        },
+        Record::SessionForgotten {
+            session: "s".into(),
+            at_ms: 12,
+        },
+        Record::SessionState(SessionStateBody {
+            session: "s".into(),
+            state: b"{\"protocolVersion\":\"2025-11-25\"}".to_vec(),
+            at_ms: 13,
+        }),
     ]
 }
 

@@ -8,8 +8,12 @@ use crate::api::{
 };
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
+use crate::format::FRAME_HEADER_BYTES;
 use crate::index::{parse_origin_key, KvRead, Txn, ORIGIN_SESSION, ORIGIN_STREAM};
-use crate::record::{EventBody, Record, StreamOpened, StreamSnapshot, Terminal};
+use crate::record::{
+    check_frame, decode_event_view, EventBody, EventView, Record, SessionStateBody, StreamOpened,
+    StreamSnapshot, Terminal,
+};
 use crate::state::{StreamMeta, StreamState};
 use crate::verdict::past_horizon;
 use std::sync::atomic::Ordering;
@@ -24,27 +28,50 @@ impl Writer {
         let now = now_ms();
         match cmd {
             Command::Sync => Ok(Reply::Done),
-            Command::OpenSession(session) => match txn.stored_session(&session)? {
+            Command::OpenSession { session, state } => match txn.stored_session(&session)? {
                 Some(s) if s.meta.expired_at_ms.is_some() => Err(Error::SessionExpired),
-                Some(s) => Ok(Reply::Session(SessionInfo {
-                    session,
-                    epoch: s.meta.epoch,
-                    created: false,
-                })),
+                Some(s) => {
+                    let state = txn.session_state(&session)?.unwrap_or_default();
+                    Ok(Reply::Session(SessionInfo {
+                        session,
+                        epoch: s.meta.epoch,
+                        created: false,
+                        state,
+                    }))
+                }
                 None => {
-                    let rec = Record::SessionOpened {
+                    let mut records = vec![Record::SessionOpened {
                         session: session.clone(),
                         epoch: 1,
                         at_ms: now,
-                    };
-                    self.emit(vec![rec], txn, buf)?;
+                    }];
+                    let state = state.unwrap_or_default();
+                    if !state.is_empty() {
+                        records.push(Record::SessionState(SessionStateBody {
+                            session: session.clone(),
+                            state: state.clone(),
+                            at_ms: now,
+                        }));
+                    }
+                    self.emit(records, txn, buf)?;
                     Ok(Reply::Session(SessionInfo {
                         session,
                         epoch: 1,
                         created: true,
+                        state,
                     }))
                 }
             },
+            Command::SetSessionState { session, state } => {
+                live_session(txn, &session)?;
+                let rec = Record::SessionState(SessionStateBody {
+                    session,
+                    state,
+                    at_ms: now,
+                });
+                self.emit(vec![rec], txn, buf)?;
+                Ok(Reply::Done)
+            }
             Command::AdvanceEpoch(session) => {
                 let s = live_session(txn, &session)?;
                 let epoch = s
@@ -124,6 +151,11 @@ impl Writer {
             } => {
                 let meta = owned_stream(txn, session.as_deref(), stream)?;
                 if meta.state.is_terminal() {
+                    if let Some(reply) =
+                        retried_completion(txn, &meta, state, expected_next_seq, frame.as_ref())?
+                    {
+                        return Ok(Reply::Terminated(reply));
+                    }
                     return Err(terminated(&meta));
                 }
                 if let Some(expected) = expected_next_seq {
@@ -145,6 +177,7 @@ impl Writer {
                     state,
                     terminal_seq: t.terminal_seq,
                     cursor: Cursor::new(meta.epoch, stream, t.terminal_seq),
+                    duplicate: false,
                 };
                 self.emit(vec![rec], txn, buf)?;
                 Ok(Reply::Terminated(reply))
@@ -218,7 +251,7 @@ impl Writer {
         let next = meta.head + 1;
         if let Some(expected) = req.expected_next_seq {
             if expected < next {
-                return self.match_retry(&req, &meta, expected);
+                return self.match_retry(&req, &meta, expected, buf);
             }
             if expected > next {
                 return Err(Error::SeqConflict {
@@ -257,7 +290,14 @@ impl Writer {
                 }
             })
             .sum();
+        let buf_offset = buf.len();
         self.emit(records, txn, buf)?;
+        self.group_runs.push(PendingRun {
+            stream: req.stream,
+            first_seq,
+            last_seq,
+            buf_offset,
+        });
         let c = &self.shared.counters;
         c.events_appended.fetch_add(count, Ordering::Relaxed);
         c.payload_bytes_appended
@@ -272,7 +312,16 @@ impl Writer {
     }
 
     /// An append whose expected seq is already written: success if it is the same batch.
-    fn match_retry(&self, req: &Append, meta: &AppendTarget, expected: u64) -> Result<Reply> {
+    ///
+    /// The events it is compared with are in the log, or (written by an earlier request of
+    /// this same group commit) still only in the group's buffer: those are read from there.
+    fn match_retry(
+        &self,
+        req: &Append,
+        meta: &AppendTarget,
+        expected: u64,
+        buf: &[u8],
+    ) -> Result<Reply> {
         let count = req.events.len() as u64;
         let conflict = |reason| Error::SeqConflict {
             stream: req.stream,
@@ -294,10 +343,16 @@ impl Writer {
         }
         for (i, e) in req.events.iter().enumerate() {
             let seq = expected + i as u64;
-            let stored = crate::read::read_event(&self.shared, req.stream, seq)?;
-            let same = stored.as_ref().is_some_and(|s| {
-                s.payload == e.payload && *s.kind == *e.kind && s.correlation == e.correlation
-            });
+            let same = match pending_event(&self.group_runs, buf, req.stream, seq)? {
+                Some(v) => {
+                    v.payload == e.payload.as_slice()
+                        && v.kind == e.kind
+                        && v.correlation == e.correlation.as_deref()
+                }
+                None => crate::read::read_event(&self.shared, req.stream, seq)?.is_some_and(|s| {
+                    s.payload == e.payload && *s.kind == *e.kind && s.correlation == e.correlation
+                }),
+            };
             if !same {
                 return Err(conflict(
                     "a retry carried different events than the batch written at that seq",
@@ -361,6 +416,14 @@ impl Writer {
                         });
                     } else {
                         records.push(Record::SessionSnapshot(s.meta));
+                        // The state lives as long as the session: carried with it.
+                        if let Some(state) = txn.session_state(id)? {
+                            records.push(Record::SessionState(SessionStateBody {
+                                session: id.to_owned(),
+                                state,
+                                at_ms: now,
+                            }));
+                        }
                     }
                 }
                 ORIGIN_STREAM => {
@@ -393,6 +456,52 @@ impl Writer {
     }
 }
 
+/// The events one request of the current group appended: frames `first_seq..=last_seq` of
+/// `stream`, adjacent in the group buffer from `buf_offset`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PendingRun {
+    stream: u64,
+    first_seq: u64,
+    last_seq: u64,
+    buf_offset: usize,
+}
+
+/// Event `seq` of `stream` if an earlier request of this group wrote it (read from the group
+/// buffer), `None` if it is in the log.
+fn pending_event<'b>(
+    runs: &[PendingRun],
+    buf: &'b [u8],
+    stream: u64,
+    seq: u64,
+) -> Result<Option<EventView<'b>>> {
+    let Some(run) = runs
+        .iter()
+        .find(|r| r.stream == stream && (r.first_seq..=r.last_seq).contains(&seq))
+    else {
+        return Ok(None);
+    };
+    // Our own frames, encoded moments ago: a failure here is a bug, reported as one.
+    let bug = |why: String| Error::invalid("request", format!("internal: group buffer: {why}"));
+    let mut offset = run.buf_offset;
+    for _ in run.first_seq..seq {
+        let frame = buf
+            .get(offset..)
+            .ok_or_else(|| bug("run past the end".into()))?;
+        let len = crate::read::frame_len_in(frame).ok_or_else(|| bug("bad frame length".into()))?;
+        offset += usize::try_from(len).map_err(|e| bug(e.to_string()))?;
+    }
+    let frame = buf
+        .get(offset..)
+        .ok_or_else(|| bug("run past the end".into()))?;
+    let header = check_frame(frame).map_err(|e| bug(format!("{e:?}")))?;
+    let body = frame
+        .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
+        .ok_or_else(|| bug("truncated frame".into()))?;
+    let view = decode_event_view(body).map_err(bug)?;
+    debug_assert_eq!((view.stream, view.seq), (stream, seq), "pending run lookup");
+    Ok(Some(view))
+}
+
 /// What planning an append needs of its stream.
 struct AppendTarget {
     epoch: u64,
@@ -410,6 +519,37 @@ fn body(stream: u64, seq: u64, at_ms: u64, e: NewEvent) -> EventBody {
         correlation: e.correlation,
         payload: e.payload,
     }
+}
+
+/// A completion retried with the same expected seq and terminal frame as the one that
+/// terminated the stream (possibly earlier in the same group commit): the original answer,
+/// marked duplicate. `None` for anything else.
+fn retried_completion(
+    txn: &Txn<'_>,
+    meta: &StreamMeta,
+    state: StreamState,
+    expected_next_seq: Option<u64>,
+    frame: Option<&NewEvent>,
+) -> Result<Option<Terminated>> {
+    let (Some(expected), Some(frame)) = (expected_next_seq, frame) else {
+        return Ok(None);
+    };
+    if meta.state != state || !meta.has_terminal_frame || expected != meta.head {
+        return Ok(None);
+    }
+    let same = txn.terminal_frame(meta.id)?.is_some_and(|stored| {
+        stored.seq == expected
+            && stored.kind == frame.kind
+            && stored.correlation == frame.correlation
+            && stored.payload == frame.payload
+    });
+    Ok(same.then(|| Terminated {
+        stream: meta.id,
+        state,
+        terminal_seq: meta.head,
+        cursor: Cursor::new(meta.epoch, meta.id, meta.head),
+        duplicate: true,
+    }))
 }
 
 fn terminated(meta: &StreamMeta) -> Error {
