@@ -35,6 +35,63 @@ pub fn required_id(field: &str, value: u64) -> Result<u64, Status> {
     Ok(value)
 }
 
+/// An optional u64 id field where 0 means absent (proto3 `optional` fields set to 0 too).
+pub fn optional_id(value: Option<u64>) -> Option<u64> {
+    value.filter(|v| *v != 0)
+}
+
+/// One `AppendBatch` item as an engine write.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming the missing field, as the unary call would.
+pub fn batch_write(item: pb::BatchItem) -> Result<engine::BatchWrite, Status> {
+    match item.item {
+        Some(pb::batch_item::Item::Append(r)) => Ok(engine::BatchWrite::Append(engine::Append {
+            session: required_str("session", r.session)?,
+            stream: required_id("stream", r.stream)?,
+            expected_next_seq: r.expected_next_seq,
+            events: new_events(r.events)?,
+        })),
+        Some(pb::batch_item::Item::Complete(r)) => Ok(engine::BatchWrite::Complete {
+            session: required_str("session", r.session)?,
+            stream: required_id("stream", r.stream)?,
+            expected_next_seq: r.expected_next_seq,
+            terminal: r.terminal.map(new_event).ok_or_else(|| {
+                Status::invalid_argument("terminal is required: the terminal frame")
+            })?,
+        }),
+        None => Err(Status::invalid_argument(
+            "item is required: an append or a complete",
+        )),
+    }
+}
+
+/// A failed batch item: the status its unary call would have returned.
+pub fn batch_failure(status: &Status) -> pb::BatchResult {
+    pb::BatchResult {
+        result: Some(pb::batch_result::Result::Failure(failure(status))),
+    }
+}
+
+/// A status as a `Failure` message (inside streaming and batch calls).
+pub fn failure(status: &Status) -> pb::Failure {
+    pb::Failure {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+    }
+}
+
+/// A written batch item.
+pub fn batch_written(w: &engine::BatchWritten) -> pb::BatchResult {
+    let result = match w {
+        engine::BatchWritten::Appended(a) => pb::batch_result::Result::Appended(appended(a)),
+        engine::BatchWritten::Completed(t) => pb::batch_result::Result::Completed(terminated(t)),
+    };
+    pb::BatchResult {
+        result: Some(result),
+    }
+}
+
 /// A producer event from the wire.
 pub fn new_event(event: pb::NewEvent) -> engine::NewEvent {
     engine::NewEvent {
@@ -150,6 +207,7 @@ pub fn terminated(t: &engine::Terminated) -> pb::TerminateResponse {
         state: stream_state(t.state).into(),
         terminal_seq: t.terminal_seq,
         terminal_event_id: t.cursor.to_string(),
+        duplicate: t.duplicate,
     }
 }
 
@@ -191,8 +249,8 @@ pub fn outcome(outcome: Option<engine::Outcome>) -> pb::GetOutcomeResponse {
     }
 }
 
-/// Engine statistics plus the server's live follower count.
-pub fn stats(s: &engine::Stats, active_followers: u64) -> pb::StatsResponse {
+/// Engine statistics plus the server's live follower and Read call counts.
+pub fn stats(s: &engine::Stats, active_followers: u64, active_reads: u64) -> pb::StatsResponse {
     pb::StatsResponse {
         sessions: s.sessions,
         streams: s.streams,
@@ -207,6 +265,13 @@ pub fn stats(s: &engine::Stats, active_followers: u64) -> pb::StatsResponse {
         segments_deleted: s.segments_deleted,
         recovery_micros: s.recovery_micros,
         active_followers,
+        live_sessions: s.live_sessions,
+        open_streams: s.open_streams,
+        poisoned: s.poisoned,
+        disk_free_bytes: s.disk_free_bytes.unwrap_or(0),
+        appends_refused_low_disk: s.appends_refused_low_disk,
+        sessions_expired_idle: s.sessions_expired_idle,
+        active_reads,
     }
 }
 

@@ -16,6 +16,7 @@ pub struct Metrics {
     verdicts: [AtomicU64; Verdict::ALL.len()],
     active_followers: AtomicU64,
     follows_started: AtomicU64,
+    active_reads: AtomicU64,
 }
 
 impl Metrics {
@@ -42,6 +43,19 @@ impl Metrics {
     /// Read calls currently following a stream live.
     pub fn active_followers(&self) -> u64 {
         self.active_followers.load(Ordering::Relaxed)
+    }
+
+    /// Read calls running now (replaying or following).
+    pub fn active_reads(&self) -> u64 {
+        self.active_reads.load(Ordering::Relaxed)
+    }
+
+    /// Counts a running Read call until the guard is dropped.
+    pub fn read_call(self: &Arc<Self>) -> ReadGuard {
+        self.active_reads.fetch_add(1, Ordering::Relaxed);
+        ReadGuard {
+            metrics: Arc::clone(self),
+        }
     }
 
     /// Registers a live follower until the guard is dropped.
@@ -173,6 +187,18 @@ impl Drop for FollowerGuard {
         self.metrics
             .active_followers
             .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a running Read call (see [`Metrics::read_call`]).
+#[derive(Debug)]
+pub struct ReadGuard {
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for ReadGuard {
+    fn drop(&mut self) {
+        self.metrics.active_reads.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

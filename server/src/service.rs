@@ -28,6 +28,8 @@ const READ_BATCH_EVENTS_DEFAULT: u32 = 256;
 /// Target size of one Read batch message, in bytes: below the 4 MiB default decoding limit
 /// of gRPC clients, so a client with default settings can read any stream.
 const READ_BATCH_BYTES_TARGET: usize = 3 * 1024 * 1024;
+/// Most items in one `AppendBatch` call.
+const BATCH_ITEMS_MAX: usize = 4096;
 
 /// The service state shared by all calls.
 #[derive(Debug, Clone)]
@@ -71,16 +73,25 @@ where
     F: FnOnce(&Engine) -> engine::Result<T> + Send + 'static,
     T: Send + 'static,
 {
+    run_engine(engine, f)
+        .await?
+        .map_err(|err| status::from_engine(&err))
+}
+
+/// Runs an engine call on the blocking pool; the engine's own error is kept for the caller
+/// to inspect (the outer error is a panic).
+async fn run_engine<T, F>(engine: &Engine, f: F) -> Result<engine::Result<T>, Status>
+where
+    F: FnOnce(&Engine) -> engine::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
     let engine = engine.clone();
-    match tokio::task::spawn_blocking(move || f(&engine)).await {
-        Ok(result) => result.map_err(|err| status::from_engine(&err)),
-        Err(join) => {
+    tokio::task::spawn_blocking(move || f(&engine))
+        .await
+        .map_err(|join| {
             tracing::error!(error = %join, "engine call panicked");
-            Err(Status::internal(
-                "engine call panicked; the server log has the details",
-            ))
-        }
-    }
+            Status::internal("engine call panicked; the server log has the details")
+        })
 }
 
 /// One `Append`: validate, await the group commit (not on a blocking thread: one hand-off
@@ -111,13 +122,58 @@ impl CursorLog for CursorLogService {
         &self,
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
-        let session = convert::required_str("session", request.into_inner().session)?;
-        let info = self.blocking(move |e| e.open_session(&session)).await?;
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let state = r.state;
+        let info = self
+            .blocking(move |e| e.open_session_with_state(&session, state))
+            .await?;
         Ok(Response::new(pb::OpenSessionResponse {
             session: info.session,
             epoch: info.epoch,
             created: info.created,
+            state: info.state,
         }))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::GetSessionResponse>, Status> {
+        let session = convert::required_str("session", request.into_inner().session)?;
+        let view = self
+            .blocking(move |e| e.session(&session))
+            .await?
+            .ok_or_else(|| {
+                Status::not_found(
+                    "session not found: it was never opened or is past its metadata horizon",
+                )
+            })?;
+        let idle_ttl_ms = self
+            .engine
+            .config()
+            .session_idle_ttl
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Ok(Response::new(pb::GetSessionResponse {
+            session: view.session,
+            epoch: view.epoch,
+            state: view.state,
+            expired: view.expired,
+            opened_at_ms: view.opened_at_ms,
+            idle_ttl_ms,
+        }))
+    }
+
+    async fn set_session_state(
+        &self,
+        request: Request<pb::SetSessionStateRequest>,
+    ) -> Result<Response<pb::SetSessionStateResponse>, Status> {
+        let r = request.into_inner();
+        let session = convert::required_str("session", r.session)?;
+        let state = r.state;
+        self.blocking(move |e| e.set_session_state(&session, state))
+            .await?;
+        Ok(Response::new(pb::SetSessionStateResponse {}))
     }
 
     async fn advance_epoch(
@@ -175,6 +231,50 @@ impl CursorLog for CursorLogService {
         Ok(Response::new(appended))
     }
 
+    async fn append_batch(
+        &self,
+        request: Request<pb::AppendBatchRequest>,
+    ) -> Result<Response<pb::AppendBatchResponse>, Status> {
+        let items = request.into_inner().items;
+        if items.is_empty() {
+            return Err(Status::invalid_argument(
+                "items is required: a batch needs at least one item",
+            ));
+        }
+        if items.len() > BATCH_ITEMS_MAX {
+            return Err(Status::resource_exhausted(format!(
+                "batch (items) is {}; the limit is {BATCH_ITEMS_MAX}",
+                items.len()
+            )));
+        }
+        // Structural errors fail their own item only; the rest go to the engine together.
+        let mut writes = Vec::with_capacity(items.len());
+        let mut results: Vec<Option<pb::BatchResult>> = Vec::with_capacity(items.len());
+        for item in items {
+            match convert::batch_write(item) {
+                Ok(w) => {
+                    writes.push(w);
+                    results.push(None);
+                }
+                Err(status) => results.push(Some(convert::batch_failure(&status))),
+            }
+        }
+        let mut written = self.engine.write_batch_async(writes).await.into_iter();
+        let results = results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| match written.next() {
+                    Some(Ok(w)) => convert::batch_written(&w),
+                    Some(Err(err)) => convert::batch_failure(&status::from_engine(&err)),
+                    None => convert::batch_failure(&Status::internal(
+                        "internal: the engine answered fewer batch items than it was given",
+                    )),
+                })
+            })
+            .collect();
+        Ok(Response::new(pb::AppendBatchResponse { results }))
+    }
+
     type AppendStreamStream = append_stream::Answers;
 
     async fn append_stream(
@@ -227,9 +327,12 @@ impl CursorLog for CursorLogService {
     ) -> Result<Response<pb::KeepAliveResponse>, Status> {
         let r = request.into_inner();
         let session = convert::required_str("session", r.session)?;
-        let stream = convert::required_id("stream", r.stream)?;
-        self.blocking(move |e| e.keep_alive(&session, stream))
-            .await?;
+        let stream = r.stream;
+        self.blocking(move |e| match stream {
+            0 => e.touch_session(&session),
+            stream => e.keep_alive(&session, stream),
+        })
+        .await?;
         Ok(Response::new(pb::KeepAliveResponse {}))
     }
 
@@ -240,7 +343,7 @@ impl CursorLog for CursorLogService {
         let r = request.into_inner();
         let session = convert::required_str("session", r.session)?;
         let cursor = r.last_event_id;
-        let declared = r.declared_stream;
+        let declared = convert::optional_id(r.declared_stream);
         // A verdict is a few index lookups (microseconds, memory or page cache): answered
         // inline rather than paying a blocking-pool hand-off.
         let resolution = self
@@ -265,7 +368,7 @@ impl CursorLog for CursorLogService {
         }
         .min(self.engine.config().read_events_max.max(1));
         let cursor = r.last_event_id;
-        let declared = r.declared_stream;
+        let declared = convert::optional_id(r.declared_stream);
         let resolution = {
             let session = session.clone();
             self.blocking(move |e| e.resolve(&session, &cursor, declared))
@@ -282,7 +385,7 @@ impl CursorLog for CursorLogService {
             batch_events_max,
             batch_bytes_max: (self.message_bytes_max / 2).min(READ_BATCH_BYTES_TARGET),
         };
-        tokio::spawn(reader.run(resolution, r.follow));
+        tokio::spawn(reader.run(resolution, r.follow, r.resume_own_stream));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -329,6 +432,7 @@ impl CursorLog for CursorLogService {
         Ok(Response::new(convert::stats(
             &stats,
             self.metrics.active_followers(),
+            self.metrics.active_reads(),
         )))
     }
 }
@@ -358,77 +462,144 @@ enum Stop {
 }
 
 impl Reader {
-    async fn run(mut self, resolution: engine::Resolution, follow: bool) {
+    async fn run(mut self, resolution: engine::Resolution, follow: bool, resume_own: bool) {
+        let _active = self.metrics.read_call();
         let first = pb::read_response::Item::Resolution(convert::resolution(&resolution));
         if self.send(Ok(first)).await.is_err() {
             return;
         }
-        let (Verdict::Resumable, Some(cursor)) = (resolution.verdict, resolution.cursor) else {
+        let Some(cursor) = resolution.cursor else {
             return;
         };
-        if let Err(Stop::ClientGone) = self.replay_and_follow(cursor, follow).await {
+        // What the verdict delivers: RESUMABLE always; to a client resuming its own stream,
+        // also the missed end of a finished stream and the retained rest of an evicted one.
+        let follow = match resolution.verdict {
+            Verdict::Resumable => follow,
+            Verdict::StreamTerminated if resume_own && resolution.missed_terminal_frame() => false,
+            Verdict::CursorEvicted if resume_own => follow,
+            _ => return,
+        };
+        if let Err(Stop::ClientGone) = self.replay_and_follow(cursor, follow, resume_own).await {
             tracing::debug!(stream = cursor.stream, "read: client went away");
         }
     }
 
-    async fn replay_and_follow(&mut self, cursor: Cursor, follow: bool) -> Result<(), Stop> {
+    /// Replays from `cursor` until caught up, then (with `follow`) delivers live events until
+    /// the stream ends. With `resume_own`, evicted events on the way are reported as a gap
+    /// and delivery goes on after them.
+    async fn replay_and_follow(
+        &mut self,
+        cursor: Cursor,
+        follow: bool,
+        resume_own: bool,
+    ) -> Result<(), Stop> {
         let Cursor {
             epoch,
             stream,
             seq: mut after,
         } = cursor;
-        // Replay what is stored, in bounded reads, until caught up with the head.
-        loop {
+        'deliver: loop {
+            // Replay what is stored, in bounded reads, until caught up with the head.
+            loop {
+                let session = self.session.clone();
+                let max = self.batch_events_max;
+                let read = run_engine(&self.engine, move |e| e.read(&session, stream, after, max));
+                let batch = match read.await {
+                    Ok(Ok(batch)) => batch,
+                    Ok(Err(engine::Error::Evicted { watermark, .. })) if resume_own => {
+                        after = self.skip_gap(epoch, stream, after, watermark).await?;
+                        continue;
+                    }
+                    Ok(Err(err)) => return self.send(Err(status::from_engine(&err))).await,
+                    Err(status) => return self.send(Err(status)).await,
+                };
+                let caught_up = batch.events.is_empty()
+                    || batch.events.last().is_some_and(|e| e.seq >= batch.head);
+                if let Some(last) = batch.events.last() {
+                    after = last.seq;
+                }
+                self.send_events(epoch, batch.events).await?;
+                if batch.end_of_stream {
+                    return self.send_end(epoch, stream, after).await;
+                }
+                if caught_up {
+                    break;
+                }
+            }
+            if !follow {
+                return Ok(());
+            }
+            let _guard = self.metrics.follower();
             let session = self.session.clone();
-            let max = self.batch_events_max;
-            let read = run_blocking(&self.engine, move |e| e.read(&session, stream, after, max));
-            let batch = match read.await {
-                Ok(batch) => batch,
+            let follower = run_blocking(&self.engine, move |e| e.follow(&session, stream, after));
+            let mut follower = match follower.await {
+                Ok(f) => f,
                 Err(status) => return self.send(Err(status)).await,
             };
-            let caught_up =
-                batch.events.is_empty() || batch.events.last().is_some_and(|e| e.seq >= batch.head);
-            if let Some(last) = batch.events.last() {
-                after = last.seq;
-            }
-            self.send_events(epoch, batch.events).await?;
-            if batch.end_of_stream {
-                return self.send_end(epoch, stream, after).await;
-            }
-            if caught_up {
-                break;
-            }
-        }
-        if !follow {
-            return Ok(());
-        }
-        let _guard = self.metrics.follower();
-        let session = self.session.clone();
-        let follower = run_blocking(&self.engine, move |e| e.follow(&session, stream, after));
-        let mut follower = match follower.await {
-            Ok(f) => f,
-            Err(status) => return self.send(Err(status)).await,
-        };
-        loop {
-            let next = tokio::select! {
-                () = self.tx.closed() => return Err(Stop::ClientGone),
-                () = shutting_down(&mut self.shutdown) => {
-                    // Best effort: a client that is not reading does not delay the shutdown.
-                    let _ = self.tx.try_send(Err(Status::unavailable("server is shutting down")));
-                    return Ok(());
-                }
-                next = follower.next_batch(self.batch_events_max) => next,
-            };
-            match next {
-                Ok(Some(events)) => {
-                    if let Some(last) = events.last() {
-                        after = last.seq;
+            loop {
+                let next = tokio::select! {
+                    () = self.tx.closed() => return Err(Stop::ClientGone),
+                    () = shutting_down(&mut self.shutdown) => {
+                        // Best effort: a client that is not reading does not delay the shutdown.
+                        let _ = self.tx.try_send(Err(Status::unavailable("server is shutting down")));
+                        return Ok(());
                     }
-                    self.send_events(epoch, events).await?;
+                    next = follower.next_batch(self.batch_events_max) => next,
+                };
+                match next {
+                    Ok(Some(events)) => {
+                        if let Some(last) = events.last() {
+                            after = last.seq;
+                        }
+                        self.send_events(epoch, events).await?;
+                    }
+                    Ok(None) => return self.send_end(epoch, stream, after).await,
+                    Err(engine::Error::Evicted { watermark, .. }) if resume_own => {
+                        after = self.skip_gap(epoch, stream, after, watermark).await?;
+                        continue 'deliver;
+                    }
+                    Err(err) => return self.send(Err(status::from_engine(&err))).await,
                 }
-                Ok(None) => return self.send_end(epoch, stream, after).await,
-                Err(err) => return self.send(Err(status::from_engine(&err))).await,
             }
+        }
+    }
+
+    /// Events `after + 1 .. watermark` were evicted: says so with a `gap`, except that a
+    /// terminal frame among them is still delivered (from the outcome: "state as truth").
+    /// Returns the seq delivery continues after.
+    async fn skip_gap(
+        &self,
+        epoch: u64,
+        stream: u64,
+        after: u64,
+        watermark: u64,
+    ) -> Result<u64, Stop> {
+        let last_gone = watermark.saturating_sub(1).max(after);
+        let session = self.session.clone();
+        let outcome = run_blocking(&self.engine, move |e| e.stream_outcome(&session, stream));
+        let frame = match outcome.await {
+            Ok(o) => o.and_then(|o| o.frame),
+            Err(status) => {
+                self.send(Err(status)).await?;
+                return Err(Stop::ClientGone);
+            }
+        };
+        let frame = frame.filter(|f| f.seq > after && f.seq <= last_gone);
+        let gap_end = frame.as_ref().map_or(last_gone, |f| f.seq - 1);
+        if gap_end > after {
+            let gap = pb::EvictedGap {
+                first_seq: after + 1,
+                last_seq: gap_end,
+            };
+            self.send(Ok(pb::read_response::Item::Gap(gap))).await?;
+        }
+        match frame {
+            Some(f) => {
+                let seq = f.seq;
+                self.send_events(epoch, vec![f]).await?;
+                Ok(seq)
+            }
+            None => Ok(last_gone),
         }
     }
 

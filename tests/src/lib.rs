@@ -323,6 +323,7 @@ pub async fn open_stream(
     let epoch = client
         .open_session(pb::OpenSessionRequest {
             session: session.to_owned(),
+            state: None,
         })
         .await
         .unwrap()
@@ -390,6 +391,8 @@ pub struct ReadAll {
     pub batches: usize,
     /// The final `end` message, if any.
     pub end: Option<pb::StreamEnd>,
+    /// Evicted runs reported (`gap` messages), in order, as (first seq, last seq).
+    pub gaps: Vec<(u64, u64)>,
     /// The error the call ended with, if any.
     pub error: Option<tonic::Status>,
 }
@@ -439,6 +442,18 @@ pub fn absorb(all: &mut ReadAll, msg: pb::ReadResponse) {
             assert!(all.resolution.is_some(), "end before the resolution");
             all.end = Some(end);
         }
+        Item::Gap(gap) => {
+            assert!(all.resolution.is_some(), "gap before the resolution");
+            assert!(gap.first_seq <= gap.last_seq, "empty gap {gap:?}");
+            if let Some(last) = all.events.last() {
+                assert_eq!(
+                    gap.first_seq,
+                    last.seq + 1,
+                    "gap does not follow the events"
+                );
+            }
+            all.gaps.push((gap.first_seq, gap.last_seq));
+        }
     }
 }
 
@@ -450,6 +465,7 @@ pub fn read_request(session: &str, cursor: &str, follow: bool) -> pb::ReadReques
         declared_stream: None,
         follow,
         batch_events_max: 0,
+        resume_own_stream: false,
     }
 }
 

@@ -32,6 +32,7 @@ async fn sessions_open_advance_and_expire() {
     let first = c
         .open_session(pb::OpenSessionRequest {
             session: "s1".into(),
+            state: None,
         })
         .await
         .unwrap()
@@ -43,6 +44,7 @@ async fn sessions_open_advance_and_expire() {
     let again = c
         .open_session(pb::OpenSessionRequest {
             session: "s1".into(),
+            state: None,
         })
         .await
         .unwrap()
@@ -243,6 +245,7 @@ async fn append_is_idempotent_and_complete_is_terminal() {
     assert_eq!(by_stream.outcome.unwrap().frame.unwrap().seq, 4);
     c.open_session(pb::OpenSessionRequest {
         session: "other".into(),
+        state: None,
     })
     .await
     .unwrap();
@@ -385,6 +388,7 @@ async fn abort_keep_alive_and_unknown_streams() {
     // Another session's stream is not found either, and not revealed.
     c.open_session(pb::OpenSessionRequest {
         session: "other".into(),
+        state: None,
     })
     .await
     .unwrap();
@@ -511,6 +515,7 @@ async fn invalid_arguments_name_the_field() {
     let r = c
         .open_session(pb::OpenSessionRequest {
             session: String::new(),
+            state: None,
         })
         .await;
     assert_status(r, Code::InvalidArgument, "session");
@@ -613,13 +618,20 @@ async fn invalid_arguments_name_the_field() {
         })
         .await;
     assert_status(r, Code::InvalidArgument, "reason");
+    // Stream 0 renews only the session: fine for a live one, NOT_FOUND for an unknown one.
+    c.keep_alive(pb::KeepAliveRequest {
+        session: "s".into(),
+        stream: 0,
+    })
+    .await
+    .unwrap();
     let r = c
         .keep_alive(pb::KeepAliveRequest {
-            session: "s".into(),
+            session: "never-opened".into(),
             stream: 0,
         })
         .await;
-    assert_status(r, Code::InvalidArgument, "stream");
+    assert_status(r, Code::NotFound, "session");
     let r = c
         .resolve(pb::ResolveRequest {
             session: String::new(),
@@ -744,6 +756,7 @@ async fn auth_token_is_required_when_configured() {
     let r = anonymous
         .open_session(pb::OpenSessionRequest {
             session: "s".into(),
+            state: None,
         })
         .await;
     assert_eq!(r.unwrap_err().code(), Code::Unauthenticated);
@@ -761,6 +774,7 @@ async fn auth_token_is_required_when_configured() {
     let r = with_token("guess")
         .open_session(pb::OpenSessionRequest {
             session: "s".into(),
+            state: None,
         })
         .await;
     assert_eq!(r.unwrap_err().code(), Code::Unauthenticated);
@@ -768,6 +782,7 @@ async fn auth_token_is_required_when_configured() {
     let r = with_token("s3cret")
         .open_session(pb::OpenSessionRequest {
             session: "s".into(),
+            state: None,
         })
         .await
         .unwrap();
@@ -1010,6 +1025,7 @@ async fn tls_serves_clients_that_trust_the_certificate() {
     let opened = client
         .open_session(pb::OpenSessionRequest {
             session: "tls".into(),
+            state: None,
         })
         .await
         .unwrap();
@@ -1020,6 +1036,7 @@ async fn tls_serves_clients_that_trust_the_certificate() {
     let r = plain
         .open_session(pb::OpenSessionRequest {
             session: "tls".into(),
+            state: None,
         })
         .await;
     assert!(r.is_err(), "plaintext call succeeded on a TLS port");
@@ -1100,4 +1117,218 @@ async fn append_stream_answers_each_request_in_order_and_survives_a_failure() {
     )
     .await;
     assert_contiguous(&all.events, 1, 3);
+}
+
+/// DESIGN.md's STREAM_TERMINATED and CURSOR_EVICTED rows: a client resuming its *own* stream
+/// gets what it missed of a finished stream, exactly once, and the retained rest of an
+/// evicted one after an explicit gap (a terminal frame below the watermark still comes, from
+/// the outcome); a client that does not say it resumes its own stream gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_ones_own_stream_delivers_the_missed_tail_and_marks_evicted_gaps() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let own = |cursor: &str, follow| pb::ReadRequest {
+        resume_own_stream: true,
+        ..read_request("s", cursor, follow)
+    };
+    let complete = |stream, seq| pb::CompleteRequest {
+        session: "s".into(),
+        stream,
+        expected_next_seq: Some(seq),
+        terminal: Some(event("result", b"{\"done\":1}")),
+    };
+
+    // A finished stream: cursor 2 of 6 (6 is the terminal frame).
+    let (epoch, done) = open_stream(&mut c, "s", Some("1"), None).await;
+    append(
+        &mut c,
+        "s",
+        done,
+        "progress",
+        &[b"1", b"2", b"3", b"4", b"5"],
+    )
+    .await;
+    c.complete(complete(done, 6)).await.unwrap();
+    let cursor = format!("{epoch}-{done}-2");
+    let all = read_all(&mut c, own(&cursor, true), READ_TIMEOUT).await;
+    assert_eq!(all.resolution.unwrap().verdict(), Verdict::StreamTerminated);
+    assert_contiguous(&all.events, 3, 6);
+    assert_eq!(all.events.last().unwrap().kind, "result");
+    assert!(all.gaps.is_empty() && all.error.is_none());
+    assert_eq!(all.end.unwrap().terminal_seq, 6);
+    // Into another stream (no resume_own_stream): nothing of it.
+    let all = read_all(&mut c, read_request("s", &cursor, true), READ_TIMEOUT).await;
+    assert_eq!(all.resolution.unwrap().verdict(), Verdict::StreamTerminated);
+    assert!(all.events.is_empty() && all.end.is_none());
+    // At the terminal seq there is nothing missed.
+    let all = read_all(
+        &mut c,
+        own(&format!("{epoch}-{done}-6"), true),
+        READ_TIMEOUT,
+    )
+    .await;
+    assert!(all.events.is_empty() && all.end.is_none());
+
+    // An open stream whose cursor was evicted: a gap, then the retained rest.
+    let (_, open) = open_stream(&mut c, "s", Some("2"), None).await;
+    append(
+        &mut c,
+        "s",
+        open,
+        "progress",
+        &[b"1", b"2", b"3", b"4", b"5", b"6"],
+    )
+    .await;
+    let trimmed = c
+        .trim(pb::TrimRequest {
+            session: "s".into(),
+            stream: open,
+            up_to_seq: 3,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(trimmed.watermark, 4);
+    let all = read_all(
+        &mut c,
+        own(&format!("{epoch}-{open}-1"), false),
+        READ_TIMEOUT,
+    )
+    .await;
+    assert_eq!(all.resolution.unwrap().verdict(), Verdict::CursorEvicted);
+    assert_eq!(all.gaps, [(2, 3)]);
+    assert_contiguous(&all.events, 4, 6);
+    assert!(all.end.is_none() && all.error.is_none());
+    let all = read_all(
+        &mut c,
+        read_request("s", &format!("{epoch}-{open}-1"), false),
+        READ_TIMEOUT,
+    )
+    .await;
+    assert!(all.events.is_empty() && all.gaps.is_empty());
+
+    // A finished stream evicted through its terminal frame: the gap, then the frame.
+    let (_, gone) = open_stream(&mut c, "s", Some("3"), None).await;
+    append(&mut c, "s", gone, "progress", &[b"1", b"2", b"3", b"4"]).await;
+    c.complete(complete(gone, 5)).await.unwrap();
+    c.trim(pb::TrimRequest {
+        session: "s".into(),
+        stream: gone,
+        up_to_seq: 5,
+    })
+    .await
+    .unwrap();
+    let all = read_all(
+        &mut c,
+        own(&format!("{epoch}-{gone}-2"), true),
+        READ_TIMEOUT,
+    )
+    .await;
+    assert_eq!(all.resolution.unwrap().verdict(), Verdict::StreamTerminated);
+    assert_eq!(all.gaps, [(3, 4)]);
+    assert_contiguous(&all.events, 5, 5);
+    assert_eq!(all.events[0].payload.as_ref(), b"{\"done\":1}");
+    assert_eq!(all.end.unwrap().state(), StreamState::Completed);
+}
+
+/// `AppendBatch` answers every item on its own, across sessions; `GetSession` and
+/// `SetSessionState` give a restoring replica the session's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_across_sessions_and_session_state() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let opened = c
+        .open_session(pb::OpenSessionRequest {
+            session: "a".into(),
+            state: Some(b"init".to_vec()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(opened.created);
+    assert_eq!(opened.state, b"init");
+    let got = c
+        .get_session(pb::GetSessionRequest {
+            session: "a".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (got.epoch, got.expired, got.state.as_slice()),
+        (1, false, &b"init"[..])
+    );
+    assert!(got.idle_ttl_ms > 0);
+    c.set_session_state(pb::SetSessionStateRequest {
+        session: "a".into(),
+        state: b"v2".to_vec(),
+    })
+    .await
+    .unwrap();
+    let r = c
+        .get_session(pb::GetSessionRequest {
+            session: "nobody".into(),
+        })
+        .await;
+    assert_status(r, Code::NotFound, "session");
+
+    let (_, a) = open_stream(&mut c, "a", Some("1"), None).await;
+    let (_, b) = open_stream(&mut c, "b", Some("1"), None).await;
+    let item = |session: &str, stream, seq| pb::BatchItem {
+        item: Some(pb::batch_item::Item::Append(pb::AppendRequest {
+            session: session.into(),
+            stream,
+            expected_next_seq: Some(seq),
+            events: vec![event("progress", session.as_bytes())],
+        })),
+    };
+    let done = pb::BatchItem {
+        item: Some(pb::batch_item::Item::Complete(pb::CompleteRequest {
+            session: "a".into(),
+            stream: a,
+            expected_next_seq: Some(2),
+            terminal: Some(event("result", b"r")),
+        })),
+    };
+    let results = c
+        .append_batch(pb::AppendBatchRequest {
+            items: vec![
+                item("a", a, 1),
+                item("b", b, 1),
+                item("b", a, 1),
+                pb::BatchItem { item: None },
+                done.clone(),
+                done,
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    use pb::batch_result::Result as R;
+    let shape: Vec<String> = results
+        .into_iter()
+        .map(|r| match r.result.unwrap() {
+            R::Appended(x) => format!("appended {:?}", x.event_ids),
+            R::Completed(t) => format!("completed {} dup={}", t.terminal_seq, t.duplicate),
+            R::Failure(f) => format!("failure {}", Code::from_i32(f.code).description()),
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            format!("appended [\"1-{a}-1\"]"),
+            format!("appended [\"1-{b}-1\"]"),
+            format!("failure {}", Code::NotFound.description()),
+            format!("failure {}", Code::InvalidArgument.description()),
+            "completed 2 dup=false".to_owned(),
+            "completed 2 dup=true".to_owned(),
+        ]
+    );
+    let r = c
+        .append_batch(pb::AppendBatchRequest {
+            items: vec![item("a", a, 9); 4097],
+        })
+        .await;
+    assert_status(r, Code::ResourceExhausted, "batch");
 }

@@ -194,6 +194,7 @@ async fn sigkill_under_load_loses_nothing_acknowledged() {
             epoch = client
                 .open_session(pb::OpenSessionRequest {
                     session: SESSION.into(),
+                    state: None,
                 })
                 .await
                 .unwrap()

@@ -47,6 +47,7 @@ pub(crate) async fn resume(
             declared_stream: None,
             follow: true,
             batch_events_max: 0,
+            resume_own_stream: false,
         })
         .await
         .map_err(Error::rpc("Read"))?
@@ -289,6 +290,15 @@ async fn follow(mut reader: tonic::Streaming<pb::ReadResponse>, out: Out, r: pb:
             }
             Item::Resolution(_) => {
                 tracing::error!("cursorlog: a second resolution in one Read");
+                return;
+            }
+            Item::Gap(gap) => {
+                // Only sent with `resume_own_stream`, which this replay does not set.
+                tracing::error!(
+                    first = gap.first_seq,
+                    last = gap.last_seq,
+                    "cursorlog: unexpected gap in a Read"
+                );
                 return;
             }
         }

@@ -185,6 +185,7 @@ impl CursorlogSessionStore {
         let epoch = client
             .open_session(pb::OpenSessionRequest {
                 session: session_id.to_owned(),
+                state: None,
             })
             .await
             .map_err(Error::rpc("OpenSession"))?

@@ -119,6 +119,7 @@ impl CursorlogEventStore {
             .client()
             .open_session(pb::OpenSessionRequest {
                 session: session.to_owned(),
+                state: None,
             })
             .await
             .map_err(Error::rpc("OpenSession"))?

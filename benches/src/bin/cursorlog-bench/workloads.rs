@@ -102,6 +102,7 @@ async fn open_session(client: &mut Client, session: &str) -> Result<u64, BoxErro
     Ok(client
         .open_session(pb::OpenSessionRequest {
             session: session.to_owned(),
+            state: None,
         })
         .await
         .map_err(|s| format!("OpenSession: {}", status_text(&s)))?
@@ -493,6 +494,7 @@ async fn replay_once(
         declared_stream: Some(t.stream),
         follow,
         batch_events_max: read_batch,
+        resume_own_stream: false,
     };
     let mut stream = client
         .read(request)
@@ -528,6 +530,12 @@ async fn replay_once(
                 if follow && next > events {
                     break; // caught up: drop the follow call
                 }
+            }
+            Some(pb::read_response::Item::Gap(g)) => {
+                return Err(format!(
+                    "Read: evicted gap {}..={}",
+                    g.first_seq, g.last_seq
+                ));
             }
             Some(pb::read_response::Item::End(_)) | None => break,
         }
@@ -595,6 +603,7 @@ async fn mcp_request(
                 declared_stream: Some(stream),
                 follow: false,
                 batch_events_max: 0,
+                resume_own_stream: false,
             })
             .await
             .map_err(|s| format!("Read: {}", status_text(&s)))?
