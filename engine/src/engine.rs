@@ -792,8 +792,5 @@ impl Engine {
 }
 
 fn unexpected(reply: &Reply) -> Error {
-    Error::invalid(
-        "request",
-        format!("internal: unexpected writer reply {reply:?}"),
-    )
+    Error::Internal(format!("unexpected writer reply {reply:?}"))
 }

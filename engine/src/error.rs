@@ -170,6 +170,18 @@ pub enum Error {
         /// The lowest retained seq.
         watermark: u64,
     },
+    /// Free space on the data directory's file system is below the configured reserve:
+    /// appends are refused (reads, verdicts and retention go on) until space returns.
+    #[error("free disk space is {free_bytes} bytes, below the reserve of {reserve_bytes} bytes; appends resume once retention or an operator frees space")]
+    DiskFull {
+        /// Free bytes at the last check.
+        free_bytes: u64,
+        /// The configured reserve.
+        reserve_bytes: u64,
+    },
+    /// A bug: an invariant of the engine did not hold. The message says which.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The on-disk format of the data directory is newer or older than this build reads.
     #[error("unsupported format in {}: {reason}", path.display())]
     UnsupportedFormat {

@@ -481,7 +481,7 @@ fn pending_event<'b>(
         return Ok(None);
     };
     // Our own frames, encoded moments ago: a failure here is a bug, reported as one.
-    let bug = |why: String| Error::invalid("request", format!("internal: group buffer: {why}"));
+    let bug = |why: String| Error::Internal(format!("group buffer: {why}"));
     let mut offset = run.buf_offset;
     for _ in run.first_seq..seq {
         let frame = buf
