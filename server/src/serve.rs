@@ -142,6 +142,15 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
         .await;
 }
 
+/// Ends every open health `Watch` call (after it delivers NOT_SERVING): they never end on
+/// their own, and would hold the shutdown for the whole grace period.
+async fn end_health_watches(mut health: HealthReporter) {
+    health.clear_service_status("").await;
+    health
+        .clear_service_status(<CursorLogServer<CursorLogService> as NamedService>::NAME)
+        .await;
+}
+
 /// Opens the engine (on the blocking pool: recovery reads the whole log).
 async fn open_engine(args: &ServeArgs, config: Config) -> Result<Engine, String> {
     let data_dir = config.dir.clone();
@@ -305,6 +314,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 
     poison_task.abort();
     set_health(&health_reporter, ServingStatus::NotServing).await;
+    end_health_watches(health_reporter).await;
     let _ = shutdown_tx.send(true);
     if !server.is_finished() {
         let grace = Duration::from_secs(args.shutdown_grace_secs);
