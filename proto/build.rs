@@ -5,7 +5,7 @@
 //!
 //! Two passes: the messages and the client use tonic's prost codec; the server stub is
 //! generated on its own (its message types refer to the first pass's) with
-//! [`ServerCodec`](../src/codec.rs), which answers a request that does not decode with
+//! `codec::ServerCodec` (in `src/lib.rs`), which answers a request that does not decode with
 //! INVALID_ARGUMENT rather than tonic's INTERNAL (the client keeps INTERNAL for a response
 //! that does not decode: that one is the server's fault).
 
