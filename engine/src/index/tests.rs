@@ -117,7 +117,7 @@ proptest! {
         ),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let index = Index::open(dir.path()).unwrap();
+        let index = Index::open(dir.path(), 8 << 20).unwrap();
         let mut committed = Model::new();
         let mut pending = committed.clone();
         let mut txn = Txn::new(&index);
@@ -166,7 +166,7 @@ proptest! {
 #[test]
 fn a_run_start_replaces_a_malformed_one_before_the_flush() {
     let dir = tempfile::tempdir().unwrap();
-    let index = Index::open(dir.path()).unwrap();
+    let index = Index::open(dir.path(), 8 << 20).unwrap();
     let mut txn = Txn::new(&index);
     txn.put_raw(event_key(1, 5).to_vec(), vec![1, 2, 3]);
     txn.put_position(1, 5, pos(5, 9));

@@ -92,7 +92,7 @@ fn sample_records() -> Vec<Record> {
 fn every_record_type_round_trips() {
     for (i, r) in sample_records().into_iter().enumerate() {
         let mut buf = Vec::new();
-        let n = encode_frame(&r, 100 + i as u64, 1, &mut buf).unwrap();
+        let n = encode_frame(&r, 100 + i as u64, 1, 64, &mut buf).unwrap();
         assert_eq!(n as usize, buf.len());
         let f = decode_frame(&buf).unwrap();
         assert_eq!(f.record, r);
@@ -104,7 +104,7 @@ fn every_record_type_round_trips() {
 #[test]
 fn every_bit_flip_is_detected() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[4], 1, 0, &mut buf).unwrap();
+    encode_frame(&sample_records()[4], 1, 0, 64, &mut buf).unwrap();
     for byte in 0..buf.len() {
         for bit in 0..8 {
             let mut bad = buf.clone();
@@ -120,7 +120,7 @@ fn every_bit_flip_is_detected() {
 #[test]
 fn every_truncation_is_truncated() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[5], 1, 0, &mut buf).unwrap();
+    encode_frame(&sample_records()[5], 1, 0, 64, &mut buf).unwrap();
     for len in 0..buf.len() {
         assert_eq!(
             decode_frame(&buf[..len]),
@@ -134,7 +134,7 @@ fn every_truncation_is_truncated() {
 fn contiguous_crc_is_the_frame_crc() {
     for r in sample_records() {
         let mut buf = Vec::new();
-        encode_frame(&r, 9, 0, &mut buf).unwrap();
+        encode_frame(&r, 9, 0, 64, &mut buf).unwrap();
         let raw: &[u8; FRAME_HEADER_BYTES] = buf[..FRAME_HEADER_BYTES].try_into().unwrap();
         assert_eq!(
             crate::format::frame_crc_contiguous(&buf),
@@ -158,12 +158,13 @@ fn zeroes_are_not_a_frame() {
 #[test]
 fn unknown_type_with_good_crc_is_bad_body() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[0], 1, 0, &mut buf).unwrap();
+    encode_frame(&sample_records()[0], 1, 0, 64, &mut buf).unwrap();
     let body = buf[FRAME_HEADER_BYTES..].to_vec();
     let h = FrameHeader {
         body_len: body.len() as u32,
         crc: 0,
         lsn: 1,
+        synced_through: 64,
         group_left: 0,
         record_type: 200,
     };
@@ -183,7 +184,7 @@ proptest! {
         tag in 0u8..12,
         body in proptest::collection::vec(any::<u8>(), 0..256),
     ) {
-        let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, group_left: 0, record_type: tag };
+        let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, synced_through: 64, group_left: 0, record_type: tag };
         let mut buf = h.write(&body).to_vec();
         buf.extend_from_slice(&body);
         let _ = decode_frame(&buf);
@@ -250,7 +251,7 @@ proptest! {
     ) {
         let r = Record::Event(EventBody { stream, seq, at_ms, kind, correlation, payload });
         let mut buf = Vec::new();
-        encode_frame(&r, 5, 0, &mut buf).unwrap();
+        encode_frame(&r, 5, 0, 64, &mut buf).unwrap();
         prop_assert_eq!(decode_frame(&buf).unwrap().record, r);
     }
 }
