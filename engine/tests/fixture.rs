@@ -144,8 +144,11 @@ fn generate(dir: &Path) {
     e.expire_session("beta").unwrap();
 
     // Format 2: session state (and, on close, the shutdown marker).
-    e.open_session_with_state("delta", Some(b"{\"protocolVersion\":\"2025-11-25\"}".to_vec()))
-        .unwrap();
+    e.open_session_with_state(
+        "delta",
+        Some(b"{\"protocolVersion\":\"2025-11-25\"}".to_vec()),
+    )
+    .unwrap();
     let d1 = open_stream(&e, "delta", Some("d"));
     append(&e, "delta", d1, 3);
     e.set_session_state("delta", b"{\"protocolVersion\":\"2026-07-28\"}".to_vec())
@@ -405,7 +408,11 @@ fn serves_identically(version: u32) {
     e.close().unwrap();
     drop(e);
     let e = Engine::open(serving_config(tmp.path())).unwrap();
-    assert_eq!(describe(&e, version), expected, "format-v{version} after a reopen");
+    assert_eq!(
+        describe(&e, version),
+        expected,
+        "format-v{version} after a reopen"
+    );
     e.close().unwrap();
 }
 
