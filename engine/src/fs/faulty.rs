@@ -155,26 +155,33 @@ impl State {
     }
 
     /// The durable bytes, and each unsynced 4 KiB sector or zeros, at the synced or the
-    /// written length.
+    /// written length; at least one unsynced sector is lost (like the prefix mode's strict
+    /// prefix: a crash in the middle of a write never completes it).
     fn sector_tear(&mut self, img: &Image) -> Vec<u8> {
         let durable = img.durable.len();
         let written = img.written.len();
         let len = if self.below(2) == 0 { durable } else { written };
         let mut bytes = img.durable.clone();
         bytes.resize(len.max(durable), 0);
-        let mut sector_start = durable - durable % SECTOR_BYTES;
-        while sector_start < len {
-            let sector_end = (sector_start + SECTOR_BYTES).min(len);
-            let from = sector_start.max(durable);
-            if self.below(2) == 1 {
-                if let (Some(dst), Some(src)) = (
-                    bytes.get_mut(from..sector_end),
-                    img.written.get(from..sector_end),
-                ) {
+        let first = durable - durable % SECTOR_BYTES;
+        let sectors: Vec<usize> = (first..len).step_by(SECTOR_BYTES).collect();
+        let mut kept: Vec<bool> = sectors.iter().map(|_| self.below(2) == 1).collect();
+        if !kept.is_empty() && kept.iter().all(|k| *k) {
+            let lose = usize::try_from(self.below(kept.len() as u64)).unwrap_or(0);
+            if let Some(k) = kept.get_mut(lose) {
+                *k = false;
+            }
+        }
+        for (start, keep) in sectors.into_iter().zip(kept) {
+            let end = (start + SECTOR_BYTES).min(len);
+            let from = start.max(durable);
+            if keep {
+                if let (Some(dst), Some(src)) =
+                    (bytes.get_mut(from..end), img.written.get(from..end))
+                {
                     dst.copy_from_slice(src);
                 }
             }
-            sector_start += SECTOR_BYTES;
         }
         bytes
     }
