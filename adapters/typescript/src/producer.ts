@@ -1,0 +1,208 @@
+/**
+ * Coalesces the appends and completions of every session of a process into shared
+ * `AppendBatch` calls, Kafka-producer style: when no batch is in flight a request is sent at
+ * once (no added latency when idle); while one is in flight, new requests queue and leave
+ * together as the next batch. Each caller awaits its own durable event id.
+ *
+ * One batch is in flight at a time, so the items of a stream reach cursorlog in the order
+ * they were handed in. Every item carries `expected_next_seq`, so a batch retried after a
+ * transport failure is recognised by cursorlog (`duplicate`) instead of written twice.
+ */
+import { CursorlogError, CursorlogMcpError, type CursorlogClient } from './client.js';
+import type { BatchItem, BatchResult, NewEvent } from './proto.js';
+
+/** Limits of one `AppendBatch` call. */
+export interface ProducerOptions {
+  /** Most items per call (cursorlog's `batch_items_max` is 4096). */
+  maxItems?: number;
+  /** Most payload bytes per call, kept under the gRPC message limit (default 8 MiB). */
+  maxBytes?: number;
+  /** Attempts of a call that failed with UNAVAILABLE/DEADLINE_EXCEEDED (default 4). */
+  attempts?: number;
+}
+
+interface Pending {
+  session: string;
+  stream: string;
+  seq: number;
+  complete: boolean;
+  event: NewEvent;
+  resolve: (id: string) => void;
+  reject: (error: Error) => void;
+}
+
+/** Per cursorlog stream: the seq the next item will get, or the error that broke it. */
+interface StreamCursor {
+  nextSeq: number;
+  broken?: Error;
+}
+
+/** Counters, for tests and the benchmark. */
+export interface ProducerStats {
+  batches: number;
+  items: number;
+  events: number;
+  retries: number;
+}
+
+export class Producer {
+  private queue: Pending[] = [];
+  private inFlight = false;
+  private readonly streams = new Map<string, StreamCursor>();
+  private readonly maxItems: number;
+  private readonly maxBytes: number;
+  private readonly attempts: number;
+  private idleWaiters: (() => void)[] = [];
+  readonly stats: ProducerStats = { batches: 0, items: 0, events: 0, retries: 0 };
+
+  constructor(
+    private readonly client: CursorlogClient,
+    options: ProducerOptions = {},
+  ) {
+    this.maxItems = Math.min(options.maxItems ?? 4096, 4096);
+    this.maxBytes = options.maxBytes ?? 8 * 1024 * 1024;
+    this.attempts = options.attempts ?? 4;
+  }
+
+  /** Registers a stream this process produces, whose next event gets `nextSeq` (1 for a new stream). */
+  track(stream: string, nextSeq = 1): void {
+    if (!this.streams.has(stream)) this.streams.set(stream, { nextSeq });
+  }
+
+  /** Forgets a stream (it is terminal, or its session ended here). */
+  untrack(stream: string): void {
+    this.streams.delete(stream);
+  }
+
+  /** Appends one event; resolves with its event id once durable. */
+  append(session: string, stream: string, event: NewEvent): Promise<string> {
+    return this.enqueue(session, stream, event, false);
+  }
+
+  /** Writes the stream's terminal frame; resolves with its event id once durable. */
+  complete(session: string, stream: string, event: NewEvent): Promise<string> {
+    return this.enqueue(session, stream, event, true);
+  }
+
+  /** Resolves once nothing is queued or in flight. */
+  idle(): Promise<void> {
+    if (!this.inFlight && this.queue.length === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  private enqueue(session: string, stream: string, event: NewEvent, complete: boolean): Promise<string> {
+    const cursor = this.streams.get(stream);
+    if (cursor === undefined) {
+      return Promise.reject(new CursorlogMcpError(`stream ${stream} of session ${session} is not open in this process`));
+    }
+    if (cursor.broken !== undefined) return Promise.reject(cursor.broken);
+    const seq = cursor.nextSeq++;
+    return new Promise((resolve, reject) => {
+      this.queue.push({ session, stream, seq, complete, event, resolve, reject });
+      if (!this.inFlight) void this.flush();
+    });
+  }
+
+  private take(): Pending[] {
+    let bytes = 0;
+    let n = 0;
+    while (n < this.queue.length && n < this.maxItems) {
+      const size = this.queue[n]!.event.payload.length + 64;
+      if (n > 0 && bytes + size > this.maxBytes) break;
+      bytes += size;
+      n += 1;
+    }
+    return this.queue.splice(0, n);
+  }
+
+  private async flush(): Promise<void> {
+    this.inFlight = true;
+    try {
+      while (this.queue.length > 0) {
+        const batch = this.take();
+        await this.send(batch);
+      }
+    } finally {
+      this.inFlight = false;
+      const waiters = this.idleWaiters;
+      this.idleWaiters = [];
+      for (const w of waiters) w();
+    }
+  }
+
+  /** Groups the batch into items: consecutive appends of one stream become one `Append`. */
+  private static items(batch: Pending[]): { items: BatchItem[]; owners: Pending[][] } {
+    const items: BatchItem[] = [];
+    const owners: Pending[][] = [];
+    const openAppend = new Map<string, number>();
+    for (const p of batch) {
+      const at = openAppend.get(p.stream);
+      if (!p.complete && at !== undefined) {
+        items[at]!.append!.events.push(p.event);
+        owners[at]!.push(p);
+        continue;
+      }
+      if (p.complete) {
+        openAppend.delete(p.stream);
+        items.push({ complete: { session: p.session, stream: p.stream, expectedNextSeq: String(p.seq), terminal: p.event } });
+      } else {
+        openAppend.set(p.stream, items.length);
+        items.push({ append: { session: p.session, stream: p.stream, expectedNextSeq: String(p.seq), events: [p.event] } });
+      }
+      owners.push([p]);
+    }
+    return { items, owners };
+  }
+
+  private async send(batch: Pending[]): Promise<void> {
+    const { items, owners } = Producer.items(batch);
+    let results: BatchResult[] | undefined;
+    let lastError: Error | undefined;
+    for (let attempt = 1; attempt <= this.attempts; attempt += 1) {
+      try {
+        const response = await this.client.call('AppendBatch', { items });
+        results = response.results ?? [];
+        break;
+      } catch (error) {
+        lastError = error as Error;
+        if (!(error instanceof CursorlogError) || !error.retryable || attempt === this.attempts) break;
+        this.stats.retries += 1;
+        await new Promise((r) => setTimeout(r, 50 * 2 ** attempt));
+      }
+    }
+    this.stats.batches += 1;
+    this.stats.items += items.length;
+    this.stats.events += batch.length;
+    if (results === undefined || results.length !== items.length) {
+      const error =
+        lastError ??
+        new CursorlogMcpError(`AppendBatch answered ${results?.length ?? 0} results for ${items.length} items`);
+      for (const group of owners) for (const p of group) this.fail(p, error);
+      return;
+    }
+    results.forEach((result, i) => {
+      const group = owners[i]!;
+      if (result.result === 'appended' && result.appended) {
+        const ids = result.appended.eventIds ?? [];
+        group.forEach((p, j) => {
+          const id = ids[j];
+          if (id === undefined) this.fail(p, new CursorlogMcpError(`AppendBatch returned ${ids.length} ids for ${group.length} events`));
+          else p.resolve(id);
+        });
+      } else if (result.result === 'completed' && result.completed?.terminalEventId) {
+        this.streams.delete(group[0]!.stream);
+        group[0]!.resolve(result.completed.terminalEventId);
+      } else {
+        const f = result.failure;
+        const error = new CursorlogError(group[0]!.complete ? 'Complete' : 'Append', f?.code ?? 2, f?.message ?? 'no result');
+        for (const p of group) this.fail(p, error);
+      }
+    });
+  }
+
+  private fail(p: Pending, error: Error): void {
+    const cursor = this.streams.get(p.stream);
+    if (cursor !== undefined && cursor.broken === undefined) cursor.broken = error;
+    p.reject(error);
+  }
+}
