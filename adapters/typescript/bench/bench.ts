@@ -1,0 +1,186 @@
+/**
+ * Front-end benchmark: a TS SDK server replica (examples/replica.ts) under many concurrent
+ * streaming tool calls, with the cursorlog adapter and with a Redis-Streams EventStore
+ * (`appendonly yes`, `appendfsync always`), rounds interleaved in one run.
+ *
+ *   node dist/bench/bench.js --cursorlog-bin ../../target/release/cursorlog \
+ *     [--calls 200] [--steps 10] [--delay-ms 0] [--rounds 6] [--data-root DIR]
+ *
+ * Each round: `calls` sessions (created beforehand) each call the `work` tool at once; the
+ * tool sends `steps` progress notifications and a result, each through the SDK's transport,
+ * so each is appended to the store (durably) before it is written to the SSE response.
+ * Measured at the client: durable events/s (progress + results received / wall time of the
+ * round) and per-event latency (the tool stamps each notification with the time it called
+ * `sendNotification`; latency = receive time - that stamp, so it covers the durable append).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { Agent, fetch } from 'undici';
+import { Proc, PACKAGE_DIR } from '../test/harness.js';
+
+const { values } = parseArgs({
+  options: {
+    'cursorlog-bin': { type: 'string', default: join(PACKAGE_DIR, '..', '..', 'target', 'release', 'cursorlog') },
+    'redis-server': { type: 'string', default: 'redis-server' },
+    calls: { type: 'string', default: '200' },
+    steps: { type: 'string', default: '10' },
+    'delay-ms': { type: 'string', default: '0' },
+    rounds: { type: 'string', default: '6' },
+    'data-root': { type: 'string', default: join(PACKAGE_DIR, 'bench', 'results') },
+  },
+});
+const CALLS = Number(values.calls);
+const STEPS = Number(values.steps);
+const DELAY = Number(values['delay-ms']);
+const ROUNDS = Number(values.rounds);
+const now = (): number => performance.timeOrigin + performance.now();
+
+async function freePort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as AddressInfo).port;
+  await new Promise<void>((r) => s.close(() => r()));
+  return port;
+}
+
+const children: ChildProcess[] = [];
+function start(name: string, cmd: string, args: string[]): Proc {
+  const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  return new Proc(name, child);
+}
+
+const agent = new Agent({ connections: 512, pipelining: 1 });
+const PROTOCOL = '2025-11-25';
+const headers = (sid?: string): Record<string, string> => ({
+  accept: 'application/json, text/event-stream',
+  'content-type': 'application/json',
+  'mcp-protocol-version': PROTOCOL,
+  ...(sid !== undefined ? { 'mcp-session-id': sid } : {}),
+});
+
+async function openSession(url: string): Promise<string> {
+  const init = { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: PROTOCOL, capabilities: {}, clientInfo: { name: 'bench', version: '1' } } };
+  const r = await fetch(url, { method: 'POST', headers: headers(), body: JSON.stringify(init), dispatcher: agent });
+  await r.text();
+  const sid = r.headers.get('mcp-session-id');
+  if (sid === null) throw new Error(`initialize answered ${r.status} without a session id`);
+  const n = await fetch(url, { method: 'POST', headers: headers(sid), body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }), dispatcher: agent });
+  await n.text();
+  return sid;
+}
+
+/** One tool call; pushes the latency of each progress event; returns the events received. */
+async function call(url: string, sid: string, id: number, latencies: number[]): Promise<number> {
+  const body = { jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'work', arguments: { steps: STEPS, delay_ms: DELAY }, _meta: { progressToken: id } } };
+  const r = await fetch(url, { method: 'POST', headers: headers(sid), body: JSON.stringify(body), dispatcher: agent });
+  if (!r.ok || r.body === null) throw new Error(`tools/call answered ${r.status}`);
+  const decoder = new TextDecoder();
+  let buffer = '';
+  let events = 0;
+  let result = false;
+  for await (const chunk of r.body) {
+    buffer += decoder.decode(chunk as Uint8Array, { stream: true });
+    let end;
+    while ((end = buffer.indexOf('\n\n')) >= 0) {
+      const frame = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = frame.split('\n').find((l) => l.startsWith('data: '))?.slice(6);
+      if (data === undefined || data.trim() === '') continue;
+      const message = JSON.parse(data) as { method?: string; params?: { message?: string }; result?: unknown; error?: unknown };
+      if (message.method === 'notifications/progress') {
+        latencies.push(now() - Number(message.params?.message));
+        events += 1;
+      } else if (message.result !== undefined) {
+        events += 1;
+        result = true;
+      } else if (message.error !== undefined) {
+        throw new Error(`tool call failed: ${JSON.stringify(message.error)}`);
+      }
+    }
+  }
+  if (!result || events !== STEPS + 1) throw new Error(`call ${id}: ${events} events, result ${result}`);
+  return events;
+}
+
+interface Round {
+  side: string;
+  eventsPerSec: number;
+  latencies: number[];
+}
+
+async function round(side: string, url: string, sessions: string[], base: number): Promise<Round> {
+  const latencies: number[] = [];
+  const t0 = now();
+  const counts = await Promise.all(sessions.map((sid, i) => call(url, sid, base + i, latencies)));
+  const seconds = (now() - t0) / 1000;
+  const events = counts.reduce((a, b) => a + b, 0);
+  return { side, eventsPerSec: events / seconds, latencies };
+}
+
+const pct = (sorted: number[], p: number): number => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
+const median = (xs: number[]): number => pct([...xs].sort((a, b) => a - b), 50);
+
+async function main(): Promise<void> {
+  const root = mkdtempSync(join(values['data-root']!, 'run-'));
+  try {
+    const cl = start('cursorlog', values['cursorlog-bin']!, ['serve', '--data-dir', join(root, 'cursorlog'), '--listen', '127.0.0.1:0', '--sync', 'always']);
+    const clAddr = (await cl.line(/^listening on (\S+)$/))[1]!;
+    const redisPort = await freePort();
+    const redis = start('redis', values['redis-server']!, [
+      '--port', String(redisPort), '--bind', '127.0.0.1', '--dir', root, '--appendonly', 'yes', '--appendfsync', 'always', '--save', '', '--daemonize', 'no',
+    ]);
+    await redis.line(/Ready to accept connections/);
+    const replica = join(PACKAGE_DIR, 'dist', 'examples', 'replica.js');
+    const rc = start('replica-cursorlog', process.execPath, [replica, '--cursorlog', clAddr, '--port', '0', '--store', 'cursorlog']);
+    const rr = start('replica-redis', process.execPath, [replica, '--port', '0', '--store', 'redis', '--redis-port', String(redisPort)]);
+    const urls: Record<string, string> = {
+      cursorlog: (await rc.line(/^listening on (\S+)$/))[1]!,
+      redis: (await rr.line(/^listening on (\S+)$/))[1]!,
+    };
+    const sessions: Record<string, string[]> = {};
+    for (const side of ['cursorlog', 'redis']) {
+      sessions[side] = await Promise.all(Array.from({ length: CALLS }, () => openSession(urls[side]!)));
+      await round(side, urls[side]!, sessions[side]!, 1_000_000); // warm-up, not reported
+    }
+    const rounds: Round[] = [];
+    for (let i = 0; i < ROUNDS; i += 1) {
+      const order = i % 2 === 0 ? ['cursorlog', 'redis'] : ['redis', 'cursorlog'];
+      for (const side of order) {
+        const r = await round(side, urls[side]!, sessions[side]!, (i + 1) * 10_000);
+        rounds.push(r);
+        console.error(`round ${i + 1} ${side}: ${r.eventsPerSec.toFixed(0)} events/s`);
+      }
+    }
+    const summary: Record<string, { eps: number; p50: number; p99: number; roundsEps: number[] }> = {};
+    for (const side of ['cursorlog', 'redis']) {
+      const mine = rounds.filter((r) => r.side === side);
+      const lat = mine.flatMap((r) => r.latencies).sort((a, b) => a - b);
+      summary[side] = { eps: median(mine.map((r) => r.eventsPerSec)), p50: pct(lat, 50), p99: pct(lat, 99), roundsEps: mine.map((r) => Math.round(r.eventsPerSec)) };
+    }
+    const c = summary['cursorlog']!;
+    const r = summary['redis']!;
+    console.log(`calls=${CALLS} steps=${STEPS} delay_ms=${DELAY} rounds=${ROUNDS} (interleaved), events per round=${CALLS * (STEPS + 1)}`);
+    console.log('| store | events/s (median of rounds) | p50 ms | p99 ms | events/s per round |');
+    console.log('|---|---|---|---|---|');
+    for (const [name, s] of [['cursorlog adapter', c], ['Redis Streams store', r]] as const) {
+      console.log(`| ${name} | ${s.eps.toFixed(0)} | ${s.p50.toFixed(2)} | ${s.p99.toFixed(2)} | ${s.roundsEps.join(', ')} |`);
+    }
+    console.log(`ratio cursorlog/redis: throughput ${(c.eps / r.eps).toFixed(2)}x, p99 ${(c.p99 / r.p99).toFixed(2)}x`);
+  } finally {
+    for (const child of children) child.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 500));
+    rmSync(root, { recursive: true, force: true });
+    await agent.close();
+  }
+}
+
+main().catch((error: unknown) => {
+  console.error(error);
+  for (const child of children) child.kill('SIGKILL');
+  process.exit(1);
+});
