@@ -14,7 +14,7 @@
  * `sendNotification`; latency = receive time - that stamp, so it covers the durable append).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -31,6 +31,8 @@ const { values } = parseArgs({
     'delay-ms': { type: 'string', default: '0' },
     rounds: { type: 'string', default: '6' },
     'data-root': { type: 'string', default: join(PACKAGE_DIR, 'bench', 'results') },
+    'replica-node-args': { type: 'string', default: '' },
+    'max-in-flight': { type: 'string', default: '1' },
   },
 });
 const CALLS = Number(values.calls);
@@ -52,6 +54,13 @@ function start(name: string, cmd: string, args: string[]): Proc {
   const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
   return new Proc(name, child);
+}
+
+/** CPU time (user + system) a process used so far, ms (Linux /proc; 100 ticks/s). */
+function cpuMs(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(fields[11]) + Number(fields[12])) * 10;
 }
 
 const agent = new Agent({ connections: 512, pipelining: 1 });
@@ -111,15 +120,27 @@ interface Round {
   side: string;
   eventsPerSec: number;
   latencies: number[];
+  /** CPU ms per 1000 events of the replica and of the store server. */
+  replicaCpu: number;
+  storeCpu: number;
+  /** Mean items per AppendBatch call (cursorlog side). */
+  batchSize: number;
 }
 
-async function round(side: string, url: string, sessions: string[], base: number): Promise<Round> {
+async function round(side: string, url: string, sessions: string[], base: number, pids: [number | undefined, number | undefined]): Promise<Round> {
   const latencies: number[] = [];
+  const statsUrl = url.replace(/\/mcp$/, '/stats');
+  const s0 = side === 'cursorlog' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
+  const c0 = pids.map(cpuMs);
   const t0 = now();
   const counts = await Promise.all(sessions.map((sid, i) => call(url, sid, base + i, latencies)));
   const seconds = (now() - t0) / 1000;
+  const c1 = pids.map(cpuMs);
+  const s1 = side === 'cursorlog' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
+  const batchSize = s0 && s1 ? (s1.events - s0.events) / (s1.batches - s0.batches) : NaN;
   const events = counts.reduce((a, b) => a + b, 0);
-  return { side, eventsPerSec: events / seconds, latencies };
+  const per = (i: number): number => ((c1[i]! - c0[i]!) / events) * 1000;
+  return { side, eventsPerSec: events / seconds, latencies, replicaCpu: per(0), storeCpu: per(1), batchSize };
 }
 
 const pct = (sorted: number[], p: number): number => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
@@ -136,39 +157,44 @@ async function main(): Promise<void> {
     ]);
     await redis.line(/Ready to accept connections/);
     const replica = join(PACKAGE_DIR, 'dist', 'examples', 'replica.js');
-    const rc = start('replica-cursorlog', process.execPath, [replica, '--cursorlog', clAddr, '--port', '0', '--store', 'cursorlog']);
-    const rr = start('replica-redis', process.execPath, [replica, '--port', '0', '--store', 'redis', '--redis-port', String(redisPort)]);
+    const nodeArgs = values['replica-node-args']!.split(' ').filter((a) => a !== '');
+    const rc = start('replica-cursorlog', process.execPath, [...nodeArgs, replica, '--cursorlog', clAddr, '--port', '0', '--store', 'cursorlog', '--max-in-flight', values['max-in-flight']!]);
+    const rr = start('replica-redis', process.execPath, [...nodeArgs, replica, '--port', '0', '--store', 'redis', '--redis-port', String(redisPort)]);
     const urls: Record<string, string> = {
       cursorlog: (await rc.line(/^listening on (\S+)$/))[1]!,
       redis: (await rr.line(/^listening on (\S+)$/))[1]!,
     };
+    const pids: Record<string, [number | undefined, number | undefined]> = {
+      cursorlog: [rc.child.pid, cl.child.pid],
+      redis: [rr.child.pid, redis.child.pid],
+    };
     const sessions: Record<string, string[]> = {};
     for (const side of ['cursorlog', 'redis']) {
       sessions[side] = await Promise.all(Array.from({ length: CALLS }, () => openSession(urls[side]!)));
-      await round(side, urls[side]!, sessions[side]!, 1_000_000); // warm-up, not reported
+      await round(side, urls[side]!, sessions[side]!, 1_000_000, pids[side]!); // warm-up, not reported
     }
     const rounds: Round[] = [];
     for (let i = 0; i < ROUNDS; i += 1) {
       const order = i % 2 === 0 ? ['cursorlog', 'redis'] : ['redis', 'cursorlog'];
       for (const side of order) {
-        const r = await round(side, urls[side]!, sessions[side]!, (i + 1) * 10_000);
+        const r = await round(side, urls[side]!, sessions[side]!, (i + 1) * 10_000, pids[side]!);
         rounds.push(r);
-        console.error(`round ${i + 1} ${side}: ${r.eventsPerSec.toFixed(0)} events/s`);
+        console.error(`round ${i + 1} ${side}: ${r.eventsPerSec.toFixed(0)} events/s, CPU ms/1000 events: replica ${r.replicaCpu.toFixed(0)}, store server ${r.storeCpu.toFixed(0)}${Number.isNaN(r.batchSize) ? '' : `, mean AppendBatch size ${r.batchSize.toFixed(1)} events`}`);
       }
     }
-    const summary: Record<string, { eps: number; p50: number; p99: number; roundsEps: number[] }> = {};
+    const summary: Record<string, { eps: number; p50: number; p99: number; roundsEps: number[]; replicaCpu: number; storeCpu: number }> = {};
     for (const side of ['cursorlog', 'redis']) {
       const mine = rounds.filter((r) => r.side === side);
       const lat = mine.flatMap((r) => r.latencies).sort((a, b) => a - b);
-      summary[side] = { eps: median(mine.map((r) => r.eventsPerSec)), p50: pct(lat, 50), p99: pct(lat, 99), roundsEps: mine.map((r) => Math.round(r.eventsPerSec)) };
+      summary[side] = { eps: median(mine.map((r) => r.eventsPerSec)), p50: pct(lat, 50), p99: pct(lat, 99), roundsEps: mine.map((r) => Math.round(r.eventsPerSec)), replicaCpu: median(mine.map((r) => r.replicaCpu)), storeCpu: median(mine.map((r) => r.storeCpu)) };
     }
     const c = summary['cursorlog']!;
     const r = summary['redis']!;
     console.log(`calls=${CALLS} steps=${STEPS} delay_ms=${DELAY} rounds=${ROUNDS} (interleaved), events per round=${CALLS * (STEPS + 1)}`);
-    console.log('| store | events/s (median of rounds) | p50 ms | p99 ms | events/s per round |');
-    console.log('|---|---|---|---|---|');
+    console.log('| store | events/s (median of rounds) | p50 ms | p99 ms | events/s per round | CPU ms / 1000 events: replica, store server |');
+    console.log('|---|---|---|---|---|---|');
     for (const [name, s] of [['cursorlog adapter', c], ['Redis Streams store', r]] as const) {
-      console.log(`| ${name} | ${s.eps.toFixed(0)} | ${s.p50.toFixed(2)} | ${s.p99.toFixed(2)} | ${s.roundsEps.join(', ')} |`);
+      console.log(`| ${name} | ${s.eps.toFixed(0)} | ${s.p50.toFixed(2)} | ${s.p99.toFixed(2)} | ${s.roundsEps.join(', ')} | ${s.replicaCpu.toFixed(0)}, ${s.storeCpu.toFixed(0)} |`);
     }
     console.log(`ratio cursorlog/redis: throughput ${(c.eps / r.eps).toFixed(2)}x, p99 ${(c.p99 / r.p99).toFixed(2)}x`);
   } finally {

@@ -28,6 +28,7 @@ const { values } = parseArgs({
     'follow-idle-ms': { type: 'string', default: '60000' },
     store: { type: 'string', default: 'cursorlog' },
     'redis-port': { type: 'string', default: '6379' },
+    'max-in-flight': { type: 'string', default: '1' },
   },
 });
 
@@ -81,9 +82,17 @@ async function main(): Promise<void> {
       address: values.cursorlog!,
       leaseMs: Number(values['lease-ms']),
       followIdleMs: Number(values['follow-idle-ms']),
+      maxInFlight: Number(values['max-in-flight']),
     });
     const sessions = new CursorlogSessions(cursorlog, { createServer: buildServer, transportOptions });
-    handle = (req, res) => sessions.handleRequest(req, res);
+    handle = async (req, res) => {
+      if (req.url === '/stats') {
+        // The adapter's producer counters (the benchmark reads them).
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(cursorlog.producer.stats));
+        return;
+      }
+      await sessions.handleRequest(req, res);
+    };
     shutdown = async () => {
       await sessions.close();
       await cursorlog.close();

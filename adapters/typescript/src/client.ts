@@ -57,6 +57,10 @@ export class CursorlogClient {
     this.client = new Ctor(options.address, options.credentials ?? grpc.credentials.createInsecure(), {
       'grpc.max_receive_message_length': 64 * 1024 * 1024,
       'grpc.keepalive_time_ms': 30_000,
+      // The producer retries AppendBatch itself (idempotently, with expected_next_seq); grpc-js's
+      // own retry layer and channelz bookkeeping only add CPU to every call.
+      'grpc.enable_retries': 0,
+      'grpc.enable_channelz': 0,
     });
     this.metadata = new grpc.Metadata();
     if (options.token !== undefined) this.metadata.set('authorization', `Bearer ${options.token}`);

@@ -19,6 +19,8 @@ export interface ProducerOptions {
   maxBytes?: number;
   /** Attempts of a call that failed with UNAVAILABLE/DEADLINE_EXCEEDED (default 4). */
   attempts?: number;
+  /** `AppendBatch` calls in flight at once (default 1: everything that arrives meanwhile waits and leaves as one batch). */
+  maxInFlight?: number;
 }
 
 interface Pending {
@@ -47,7 +49,10 @@ export interface ProducerStats {
 
 export class Producer {
   private queue: Pending[] = [];
-  private inFlight = false;
+  private inFlight = 0;
+  /** Streams with items in a batch in flight, and how many. */
+  private readonly busy = new Map<string, number>();
+  private readonly maxInFlight: number;
   private readonly streams = new Map<string, StreamCursor>();
   private readonly maxItems: number;
   private readonly maxBytes: number;
@@ -62,6 +67,8 @@ export class Producer {
     this.maxItems = Math.min(options.maxItems ?? 4096, 4096);
     this.maxBytes = options.maxBytes ?? 8 * 1024 * 1024;
     this.attempts = options.attempts ?? 4;
+    this.maxInFlight = options.maxInFlight ?? 1;
+    if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) throw new RangeError(`maxInFlight must be a positive integer, got ${options.maxInFlight}`);
   }
 
   /** Registers a stream this process produces, whose next event gets `nextSeq` (1 for a new stream). */
@@ -86,7 +93,7 @@ export class Producer {
 
   /** Resolves once nothing is queued or in flight. */
   idle(): Promise<void> {
-    if (!this.inFlight && this.queue.length === 0) return Promise.resolve();
+    if (this.inFlight === 0 && this.queue.length === 0) return Promise.resolve();
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
@@ -99,34 +106,55 @@ export class Producer {
     const seq = cursor.nextSeq++;
     return new Promise((resolve, reject) => {
       this.queue.push({ session, stream, seq, complete, event, resolve, reject });
-      if (!this.inFlight) void this.flush();
+      this.pump();
     });
   }
 
+  /**
+   * The next batch: queued items in order, up to the limits, skipping every item of a stream
+   * that has an item in a batch still in flight (so a stream's items never overtake each other).
+   */
   private take(): Pending[] {
     let bytes = 0;
-    let n = 0;
-    while (n < this.queue.length && n < this.maxItems) {
-      const size = this.queue[n]!.event.payload.length + 64;
-      if (n > 0 && bytes + size > this.maxBytes) break;
+    const batch: Pending[] = [];
+    const rest: Pending[] = [];
+    const blocked = new Set<string>();
+    for (const p of this.queue) {
+      const size = p.event.payload.length + 64;
+      const full = batch.length >= this.maxItems || (batch.length > 0 && bytes + size > this.maxBytes);
+      if (full || blocked.has(p.stream) || this.busy.has(p.stream)) {
+        blocked.add(p.stream);
+        rest.push(p);
+        continue;
+      }
       bytes += size;
-      n += 1;
+      batch.push(p);
     }
-    return this.queue.splice(0, n);
+    this.queue = rest;
+    return batch;
   }
 
-  private async flush(): Promise<void> {
-    this.inFlight = true;
-    try {
-      while (this.queue.length > 0) {
-        const batch = this.take();
-        await this.send(batch);
-      }
-    } finally {
-      this.inFlight = false;
-      const waiters = this.idleWaiters;
-      this.idleWaiters = [];
-      for (const w of waiters) w();
+  /** Starts batches while fewer than `maxInFlight` are in flight and something is sendable. */
+  private pump(): void {
+    while (this.inFlight < this.maxInFlight && this.queue.length > 0) {
+      const batch = this.take();
+      if (batch.length === 0) break;
+      this.inFlight += 1;
+      for (const p of batch) this.busy.set(p.stream, (this.busy.get(p.stream) ?? 0) + 1);
+      void this.send(batch).finally(() => {
+        this.inFlight -= 1;
+        for (const p of batch) {
+          const n = (this.busy.get(p.stream) ?? 1) - 1;
+          if (n === 0) this.busy.delete(p.stream);
+          else this.busy.set(p.stream, n);
+        }
+        this.pump();
+        if (this.inFlight === 0 && this.queue.length === 0) {
+          const waiters = this.idleWaiters;
+          this.idleWaiters = [];
+          for (const w of waiters) w();
+        }
+      });
     }
   }
 

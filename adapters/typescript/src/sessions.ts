@@ -66,6 +66,18 @@ async function readJson(req: IncomingMessage): Promise<unknown> {
   return text.length === 0 ? undefined : (JSON.parse(text) as unknown);
 }
 
+/**
+ * True for a POST carrying a JSON-RPC request under protocol 2025-11-25 or later: the SDK
+ * stores its priming event first, so cursorlog's OpenStream vouches for the session.
+ */
+function opensStream(req: IncomingMessage, body: unknown): boolean {
+  if (req.method !== 'POST') return false;
+  const version = req.headers['mcp-protocol-version'];
+  if (typeof version !== 'string' || version < '2025-11-25') return false;
+  const messages = Array.isArray(body) ? body : [body];
+  return messages.some((m) => typeof m === 'object' && m !== null && 'method' in m && 'id' in m);
+}
+
 /** Session-aware request handling for the SDK's Node Streamable HTTP transport. */
 export class CursorlogSessions {
   private readonly live = new Map<string, Live>();
@@ -115,7 +127,7 @@ export class CursorlogSessions {
       jsonError(res, 400, -32000, 'Bad Request: No valid session ID provided');
       return;
     }
-    const live = await this.find(sessionId, req);
+    const live = await this.find(sessionId, req, opensStream(req, body));
     if (live === undefined) {
       jsonError(res, 404, -32001, 'Session not found');
       return;
@@ -158,6 +170,10 @@ export class CursorlogSessions {
     });
     store.attach(transport);
     const live: Live = { transport, server: this.options.createServer(), store, verifiedAt: Date.now() };
+    store.onSessionGone = () => {
+      if (this.live.get(sessionId) === live) this.live.delete(sessionId);
+      void live.transport.close();
+    };
     transport.onclose = () => {
       if (this.live.get(sessionId) === live) this.live.delete(sessionId);
       this.cursorlog.unbind(store);
@@ -168,10 +184,12 @@ export class CursorlogSessions {
     return live;
   }
 
-  private async find(sessionId: string, req: AuthedRequest): Promise<Live | undefined> {
+  private async find(sessionId: string, req: AuthedRequest, verifiedByWrite: boolean): Promise<Live | undefined> {
     const known = this.live.get(sessionId);
     if (known !== undefined) {
-      if (Date.now() - known.verifiedAt < this.verifyAfterMs) return known;
+      // A request that opens a stream is verified by its OpenStream (an ended session fails it
+      // and is dropped here, see `onSessionGone`); others ask cursorlog at most every verifyAfterMs.
+      if (verifiedByWrite || Date.now() - known.verifiedAt < this.verifyAfterMs) return known;
       const session = await this.getSession(sessionId);
       if (session === undefined || session.expired) {
         this.live.delete(sessionId);

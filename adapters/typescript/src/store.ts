@@ -59,6 +59,8 @@ export class SessionEventStore implements EventStore {
   restoring = false;
   /** Set once the session ended here (DELETE, transport closed): the store refuses to write. */
   released = false;
+  /** Called when cursorlog says the session ended (the session handler then answers 404). */
+  onSessionGone: (() => void) | undefined;
   /** When a call last named this session (ms), for the idle-TTL renewal. */
   touchedAt = Date.now();
   readonly resumer: Resumer;
@@ -117,7 +119,8 @@ export class SessionEventStore implements EventStore {
     const payload = Buffer.from(JSON.stringify(message));
     const isOwnResponse =
       !('method' in message) && local.correlation !== undefined && String(message.id) === local.correlation;
-    const event = { kind: kindOf(message), payload, ...(local.correlation !== undefined ? { correlation: local.correlation } : {}) };
+    // The request id is the stream's correlation (OpenStream), not repeated on every event.
+    const event = { kind: kindOf(message), payload };
     this.touchedAt = Date.now();
     local.renewedAt = Date.now();
     let id: string;
@@ -193,10 +196,13 @@ export class SessionEventStore implements EventStore {
     try {
       opened = await this.call('OpenStream', request);
     } catch (error) {
-      if (!(error instanceof CursorlogError) || error.code !== 9 /* FAILED_PRECONDITION */) throw error;
-      // A stale epoch (the session advanced elsewhere): learn the current one and retry once.
-      const session = await this.call('GetSession', { session: this.session });
-      if (session.expired) throw error;
+      if (!(error instanceof CursorlogError) || (error.code !== 9 /* FAILED_PRECONDITION */ && error.code !== 5) /* NOT_FOUND */) throw error;
+      // A stale epoch (the session advanced elsewhere) or a session that ended elsewhere.
+      const session = await this.call('GetSession', { session: this.session }).catch(() => undefined);
+      if (session === undefined || session.expired) {
+        this.onSessionGone?.();
+        throw new CursorlogMcpError(`session ${this.session} has ended (expired or deleted on another replica): ${error.message}`);
+      }
       this.epoch = session.epoch;
       opened = await this.call('OpenStream', { ...request, epoch: this.epoch });
     }

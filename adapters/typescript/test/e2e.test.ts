@@ -199,6 +199,38 @@ describe('two replicas on one cursorlog, the SDK client behind a cutting proxy',
     }
   });
 
+  it('a session created on one replica is served by another; DELETE on one ends it everywhere (404)', async () => {
+    proxy.switchTo(a.port);
+    const { client, transport } = await connect(proxy.url);
+    const sid = transport.sessionId!;
+    const version = transport.protocolVersion ?? '2025-11-25';
+    const post = (url: string, id: number): Promise<Response> =>
+      fetch(url, {
+        method: 'POST',
+        headers: { accept: 'application/json, text/event-stream', 'content-type': 'application/json', 'mcp-session-id': sid, 'mcp-protocol-version': version },
+        body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/list' }),
+      });
+    const onB = await post(b.url, 1);
+    assert.equal(onB.status, 200, 'B restores the session A created');
+    assert.match(await onB.text(), /"work"/);
+    const deleted = await fetch(b.url, { method: 'DELETE', headers: { 'mcp-session-id': sid, 'mcp-protocol-version': version } });
+    assert.equal(deleted.status, 200);
+    // A still holds the session in memory: its next write fails (OpenStream refuses an ended
+    // session) and from then on A answers 404, as B does.
+    const first = await post(a.url, 2);
+    await first.text();
+    assert.notEqual(first.status, 200, 'A must not serve a deleted session');
+    await waitFor('A to answer 404', async () => {
+      const r = await post(a.url, 3);
+      await r.text();
+      return r.status === 404;
+    });
+    const onB2 = await post(b.url, 4);
+    await onB2.text();
+    assert.equal(onB2.status, 404);
+    await client.close().catch(() => {});
+  });
+
   it('the detached tail ends when its client leaves, and after idling', async () => {
     proxy.switchTo(a.port);
     const call = await callWork(proxy.url, 1, 8000);
