@@ -33,6 +33,7 @@ const { values } = parseArgs({
     'data-root': { type: 'string', default: join(PACKAGE_DIR, 'bench', 'results') },
     'replica-node-args': { type: 'string', default: '' },
     'max-in-flight': { type: 'string', default: '1' },
+    sides: { type: 'string', default: 'cursorlog,redis' },
   },
 });
 const CALLS = Number(values.calls);
@@ -130,13 +131,13 @@ interface Round {
 async function round(side: string, url: string, sessions: string[], base: number, pids: [number | undefined, number | undefined]): Promise<Round> {
   const latencies: number[] = [];
   const statsUrl = url.replace(/\/mcp$/, '/stats');
-  const s0 = side === 'cursorlog' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
+  const s0 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
   const c0 = pids.map(cpuMs);
   const t0 = now();
   const counts = await Promise.all(sessions.map((sid, i) => call(url, sid, base + i, latencies)));
   const seconds = (now() - t0) / 1000;
   const c1 = pids.map(cpuMs);
-  const s1 = side === 'cursorlog' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
+  const s1 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
   const batchSize = s0 && s1 ? (s1.events - s0.events) / (s1.batches - s0.batches) : NaN;
   const events = counts.reduce((a, b) => a + b, 0);
   const per = (i: number): number => ((c1[i]! - c0[i]!) / events) * 1000;
@@ -158,24 +159,29 @@ async function main(): Promise<void> {
     await redis.line(/Ready to accept connections/);
     const replica = join(PACKAGE_DIR, 'dist', 'examples', 'replica.js');
     const nodeArgs = values['replica-node-args']!.split(' ').filter((a) => a !== '');
-    const rc = start('replica-cursorlog', process.execPath, [...nodeArgs, replica, '--cursorlog', clAddr, '--port', '0', '--store', 'cursorlog', '--max-in-flight', values['max-in-flight']!]);
-    const rr = start('replica-redis', process.execPath, [...nodeArgs, replica, '--port', '0', '--store', 'redis', '--redis-port', String(redisPort)]);
-    const urls: Record<string, string> = {
-      cursorlog: (await rc.line(/^listening on (\S+)$/))[1]!,
-      redis: (await rr.line(/^listening on (\S+)$/))[1]!,
+    const SIDES = values.sides!.split(',');
+    const sideArgs: Record<string, string[]> = {
+      cursorlog: ['--store', 'cursorlog', '--cursorlog', clAddr, '--max-in-flight', values['max-in-flight']!],
+      'cursorlog-stream': ['--store', 'cursorlog', '--cursorlog', clAddr, '--append-via', 'stream'],
+      redis: ['--store', 'redis', '--redis-port', String(redisPort)],
     };
-    const pids: Record<string, [number | undefined, number | undefined]> = {
-      cursorlog: [rc.child.pid, cl.child.pid],
-      redis: [rr.child.pid, redis.child.pid],
-    };
+    const urls: Record<string, string> = {};
+    const pids: Record<string, [number | undefined, number | undefined]> = {};
+    for (const side of SIDES) {
+      const args = sideArgs[side];
+      if (args === undefined) throw new Error(`unknown side ${side} (cursorlog, cursorlog-stream, redis)`);
+      const proc = start(`replica-${side}`, process.execPath, [...nodeArgs, replica, '--port', '0', ...args]);
+      urls[side] = (await proc.line(/^listening on (\S+)$/))[1]!;
+      pids[side] = [proc.child.pid, side === 'redis' ? redis.child.pid : cl.child.pid];
+    }
     const sessions: Record<string, string[]> = {};
-    for (const side of ['cursorlog', 'redis']) {
+    for (const side of SIDES) {
       sessions[side] = await Promise.all(Array.from({ length: CALLS }, () => openSession(urls[side]!)));
       await round(side, urls[side]!, sessions[side]!, 1_000_000, pids[side]!); // warm-up, not reported
     }
     const rounds: Round[] = [];
     for (let i = 0; i < ROUNDS; i += 1) {
-      const order = i % 2 === 0 ? ['cursorlog', 'redis'] : ['redis', 'cursorlog'];
+      const order = SIDES.map((_, k) => SIDES[(k + i) % SIDES.length]!);
       for (const side of order) {
         const r = await round(side, urls[side]!, sessions[side]!, (i + 1) * 10_000, pids[side]!);
         rounds.push(r);
@@ -183,20 +189,24 @@ async function main(): Promise<void> {
       }
     }
     const summary: Record<string, { eps: number; p50: number; p99: number; roundsEps: number[]; replicaCpu: number; storeCpu: number }> = {};
-    for (const side of ['cursorlog', 'redis']) {
+    for (const side of SIDES) {
       const mine = rounds.filter((r) => r.side === side);
       const lat = mine.flatMap((r) => r.latencies).sort((a, b) => a - b);
       summary[side] = { eps: median(mine.map((r) => r.eventsPerSec)), p50: pct(lat, 50), p99: pct(lat, 99), roundsEps: mine.map((r) => Math.round(r.eventsPerSec)), replicaCpu: median(mine.map((r) => r.replicaCpu)), storeCpu: median(mine.map((r) => r.storeCpu)) };
     }
-    const c = summary['cursorlog']!;
-    const r = summary['redis']!;
     console.log(`calls=${CALLS} steps=${STEPS} delay_ms=${DELAY} rounds=${ROUNDS} (interleaved), events per round=${CALLS * (STEPS + 1)}`);
-    console.log('| store | events/s (median of rounds) | p50 ms | p99 ms | events/s per round | CPU ms / 1000 events: replica, store server |');
+    console.log('| side | events/s (median of rounds) | p50 ms | p99 ms | events/s per round | CPU ms / 1000 events: replica, store server |');
     console.log('|---|---|---|---|---|---|');
-    for (const [name, s] of [['cursorlog adapter', c], ['Redis Streams store', r]] as const) {
-      console.log(`| ${name} | ${s.eps.toFixed(0)} | ${s.p50.toFixed(2)} | ${s.p99.toFixed(2)} | ${s.roundsEps.join(', ')} | ${s.replicaCpu.toFixed(0)}, ${s.storeCpu.toFixed(0)} |`);
+    for (const side of SIDES) {
+      const x = summary[side]!;
+      console.log(`| ${side} | ${x.eps.toFixed(0)} | ${x.p50.toFixed(2)} | ${x.p99.toFixed(2)} | ${x.roundsEps.join(', ')} | ${x.replicaCpu.toFixed(0)}, ${x.storeCpu.toFixed(0)} |`);
     }
-    console.log(`ratio cursorlog/redis: throughput ${(c.eps / r.eps).toFixed(2)}x, p99 ${(c.p99 / r.p99).toFixed(2)}x`);
+    const r = summary['redis'];
+    for (const side of SIDES) {
+      const c = summary[side]!;
+      if (side === 'redis' || r === undefined) continue;
+      console.log(`ratio ${side}/redis: throughput ${(c.eps / r.eps).toFixed(2)}x, p50 ${(c.p50 / r.p50).toFixed(2)}x, p99 ${(c.p99 / r.p99).toFixed(2)}x`);
+    }
   } finally {
     for (const child of children) child.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 500));

@@ -29,6 +29,7 @@ const { values } = parseArgs({
     store: { type: 'string', default: 'cursorlog' },
     'redis-port': { type: 'string', default: '6379' },
     'max-in-flight': { type: 'string', default: '1' },
+    'append-via': { type: 'string', default: 'batch' },
   },
 });
 
@@ -83,6 +84,7 @@ async function main(): Promise<void> {
       leaseMs: Number(values['lease-ms']),
       followIdleMs: Number(values['follow-idle-ms']),
       maxInFlight: Number(values['max-in-flight']),
+      appendVia: values['append-via'] === 'stream' ? 'stream' : 'batch',
     });
     const sessions = new CursorlogSessions(cursorlog, { createServer: buildServer, transportOptions });
     handle = async (req, res) => {

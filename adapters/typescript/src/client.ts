@@ -3,7 +3,14 @@
  * typed errors, and `Read` as an async iterator that can be cancelled.
  */
 import * as grpc from '@grpc/grpc-js';
-import { loadClientConstructor, type ReadRequest, type ReadResponse, type Rpcs } from './proto.js';
+import { loadClientConstructor, type AppendResponse, type ReadRequest, type ReadResponse, type Rpcs } from './proto.js';
+
+/** One answer of `AppendStream`. */
+export interface AppendResultMessage {
+  result: 'appended' | 'failure';
+  appended?: AppendResponse;
+  failure?: { code?: number; message?: string };
+}
 
 /** Base class of every error this package throws. */
 export class CursorlogMcpError extends Error {
@@ -90,6 +97,13 @@ export class CursorlogClient {
     const method = (this.client as unknown as Record<string, (r: unknown, m: grpc.Metadata) => grpc.ClientReadableStream<ReadResponse>>)['Read'];
     if (method === undefined) throw new CursorlogMcpError('cursorlog has no RPC Read');
     return new ReadCall(method.call(this.client, request, this.metadata));
+  }
+
+  /** Opens an `AppendStream` call (bidirectional: `AppendRequest`s in, `AppendResult`s out, in order). */
+  appendStream(): grpc.ClientDuplexStream<unknown, AppendResultMessage> {
+    const method = (this.client as unknown as Record<string, (m: grpc.Metadata) => grpc.ClientDuplexStream<unknown, AppendResultMessage>>)['AppendStream'];
+    if (method === undefined) throw new CursorlogMcpError('cursorlog has no RPC AppendStream');
+    return method.call(this.client, this.metadata);
   }
 
   /** Closes the channel; calls in flight fail. */

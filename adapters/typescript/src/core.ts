@@ -108,6 +108,7 @@ export class Cursorlog {
     if (this.timer !== undefined) clearInterval(this.timer);
     this.timer = undefined;
     await this.producer.idle();
+    this.producer.close();
     this.client.close();
   }
 }

@@ -8,7 +8,8 @@
  * they were handed in. Every item carries `expected_next_seq`, so a batch retried after a
  * transport failure is recognised by cursorlog (`duplicate`) instead of written twice.
  */
-import { CursorlogError, CursorlogMcpError, type CursorlogClient } from './client.js';
+import type * as grpc from '@grpc/grpc-js';
+import { CursorlogError, CursorlogMcpError, type AppendResultMessage, type CursorlogClient } from './client.js';
 import type { BatchItem, BatchResult, NewEvent } from './proto.js';
 
 /** Limits of one `AppendBatch` call. */
@@ -21,6 +22,13 @@ export interface ProducerOptions {
   attempts?: number;
   /** `AppendBatch` calls in flight at once (default 1: everything that arrives meanwhile waits and leaves as one batch). */
   maxInFlight?: number;
+  /**
+   * How appends travel: `batch` (default) coalesces them with completions into `AppendBatch`
+   * calls; `stream` sends each at once on one long-lived pipelined `AppendStream` call (no
+   * waiting for a batch in flight; completions still go through `AppendBatch`, each after
+   * its stream's earlier appends were acknowledged).
+   */
+  appendVia?: 'batch' | 'stream';
 }
 
 interface Pending {
@@ -58,6 +66,10 @@ export class Producer {
   private readonly maxBytes: number;
   private readonly attempts: number;
   private idleWaiters: (() => void)[] = [];
+  private readonly appendVia: 'batch' | 'stream';
+  private channel: grpc.ClientDuplexStream<unknown, AppendResultMessage> | undefined;
+  /** Appends written to the `AppendStream` call, awaiting their answers (in order). */
+  private streamed: Pending[] = [];
   readonly stats: ProducerStats = { batches: 0, items: 0, events: 0, retries: 0 };
 
   constructor(
@@ -68,6 +80,7 @@ export class Producer {
     this.maxBytes = options.maxBytes ?? 8 * 1024 * 1024;
     this.attempts = options.attempts ?? 4;
     this.maxInFlight = options.maxInFlight ?? 1;
+    this.appendVia = options.appendVia ?? 'batch';
     if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) throw new RangeError(`maxInFlight must be a positive integer, got ${options.maxInFlight}`);
   }
 
@@ -93,7 +106,7 @@ export class Producer {
 
   /** Resolves once nothing is queued or in flight. */
   idle(): Promise<void> {
-    if (this.inFlight === 0 && this.queue.length === 0) return Promise.resolve();
+    if (this.inFlight === 0 && this.queue.length === 0 && this.streamed.length === 0) return Promise.resolve();
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
@@ -136,6 +149,7 @@ export class Producer {
 
   /** Starts batches while fewer than `maxInFlight` are in flight and something is sendable. */
   private pump(): void {
+    if (this.appendVia === 'stream') this.streamAppends();
     while (this.inFlight < this.maxInFlight && this.queue.length > 0) {
       const batch = this.take();
       if (batch.length === 0) break;
@@ -149,13 +163,87 @@ export class Producer {
           else this.busy.set(p.stream, n);
         }
         this.pump();
-        if (this.inFlight === 0 && this.queue.length === 0) {
-          const waiters = this.idleWaiters;
-          this.idleWaiters = [];
-          for (const w of waiters) w();
-        }
+        this.notifyIdle();
       });
     }
+  }
+
+  private notifyIdle(): void {
+    if (this.inFlight === 0 && this.queue.length === 0 && this.streamed.length === 0) {
+      const waiters = this.idleWaiters;
+      this.idleWaiters = [];
+      for (const w of waiters) w();
+    }
+  }
+
+  private markBusy(stream: string, delta: number): void {
+    const n = (this.busy.get(stream) ?? 0) + delta;
+    if (n <= 0) this.busy.delete(stream);
+    else this.busy.set(stream, n);
+  }
+
+  /** Writes every queued append that may go now to the `AppendStream` call; leaves completions queued. */
+  private streamAppends(): void {
+    const rest: Pending[] = [];
+    const blocked = new Set<string>();
+    for (const p of this.queue) {
+      if (p.complete || blocked.has(p.stream)) {
+        blocked.add(p.stream);
+        rest.push(p);
+        continue;
+      }
+      this.writeStreamed(p);
+    }
+    this.queue = rest;
+  }
+
+  private writeStreamed(p: Pending): void {
+    if (this.channel === undefined) this.channel = this.openChannel();
+    this.markBusy(p.stream, 1);
+    this.streamed.push(p);
+    this.stats.events += 1;
+    this.stats.items += 1;
+    this.channel.write({ session: p.session, stream: p.stream, expectedNextSeq: String(p.seq), events: [p.event] });
+  }
+
+  private openChannel(): grpc.ClientDuplexStream<unknown, AppendResultMessage> {
+    const call = this.client.appendStream();
+    this.stats.batches += 1;
+    call.on('data', (r: AppendResultMessage) => {
+      const p = this.streamed.shift();
+      if (p === undefined) return;
+      this.markBusy(p.stream, -1);
+      const id = r.appended?.eventIds?.[0];
+      if (r.result === 'appended' && id !== undefined) p.resolve(id);
+      else this.fail(p, new CursorlogError('AppendStream', r.failure?.code ?? 2, r.failure?.message ?? 'no result'));
+      this.pump();
+      this.notifyIdle();
+    });
+    const lost = (error: unknown): void => {
+      if (this.channel !== call) return;
+      this.channel = undefined;
+      // Unanswered appends fail loudly (the SDK then does not send them).
+      const pending = this.streamed;
+      this.streamed = [];
+      const e = error as Partial<grpc.ServiceError>;
+      const failure = new CursorlogError('AppendStream', e.code ?? 14, e.details ?? String(error));
+      for (const p of pending) {
+        this.markBusy(p.stream, -1);
+        this.fail(p, failure);
+      }
+      this.pump();
+      this.notifyIdle();
+    };
+    call.on('error', lost);
+    call.on('end', () => lost({ code: 14, details: 'AppendStream ended by the server' }));
+    return call;
+  }
+
+  /** Ends the `AppendStream` call, if any (after the producer drained). */
+  close(): void {
+    const call = this.channel;
+    this.channel = undefined;
+    call?.end();
   }
 
   /** Groups the batch into items: consecutive appends of one stream become one `Append`. */

@@ -69,6 +69,27 @@ describe('SessionEventStore on the real cursorlog', () => {
     await cl.close();
   });
 
+  it('appendVia stream: appends pipelined on one AppendStream call, in order, the result after them', async () => {
+    const cl = new Cursorlog({ address: server.address, logger: quiet, appendVia: 'stream' });
+    const opened = await cl.client.call('OpenSession', { session: 'st-1' });
+    const store = cl.bindSession('st-1', opened.epoch);
+    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: () => 'st-1' });
+    store.attach(transport);
+    const requests = Array.from({ length: 10 }, (_, j) => j);
+    for (const j of requests) checkTransport(transport)._requestToStreamMapping.set(j, `sdk-${j}`);
+    await Promise.all(requests.map((j) => store.storeEvent(`sdk-${j}`, {} as JSONRPCMessage)));
+    const calls = requests.flatMap((j) => Array.from({ length: 10 }, (_, k) => ({ j, k, p: store.storeEvent(`sdk-${j}`, note(k)) })));
+    // The results are handed in right behind the appends, without awaiting them.
+    const results = requests.map((j) => store.storeEvent(`sdk-${j}`, { jsonrpc: '2.0', id: j, result: {} } as JSONRPCMessage));
+    const ids = await Promise.all(calls.map((c) => c.p));
+    calls.forEach((c, i) => assert.equal(parseCursor(ids[i]!)!.seq, c.k + 1));
+    const done = await Promise.all(results);
+    done.forEach((id) => assert.equal(parseCursor(id)!.seq, 11));
+    // One AppendStream call for the 100 appends; the 10 results leave in AppendBatch calls.
+    assert.ok(cl.producer.stats.batches <= 1 + 10, `${cl.producer.stats.batches} calls`);
+    await cl.close();
+  });
+
   it('renews producer leases while the process lives', async () => {
     const cl = new Cursorlog({ address: server.address, leaseMs: 300, logger: quiet });
     const store = await bound(cl, 'lease-1');
