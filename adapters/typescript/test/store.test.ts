@@ -90,6 +90,38 @@ describe('SessionEventStore on the real cursorlog', () => {
     await cl.close();
   });
 
+  it('a resume of a stream this process produces hands over the events stored during the replay, once', async () => {
+    const cl = new Cursorlog({ address: server.address, logger: quiet });
+    const opened = await cl.client.call('OpenSession', { session: 'hand-1' });
+    const store = cl.bindSession('hand-1', opened.epoch);
+    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: () => 'hand-1' });
+    store.attach(transport);
+    checkTransport(transport)._requestToStreamMapping.set(1, 'sdk-1');
+    const start = await store.storeEvent('sdk-1', {} as JSONRPCMessage);
+    const e1 = await store.storeEvent('sdk-1', note(1));
+    const e2 = await store.storeEvent('sdk-1', note(2));
+    // The Read's replay ends only after one more event was stored: that event is not in the
+    // Read's snapshot, so only the hand-over can deliver it.
+    let e3 = '';
+    const read = cl.client.read.bind(cl.client);
+    cl.client.read = ((request: Parameters<typeof read>[0]) => {
+      const call = read(request);
+      return Object.assign(Object.create(call) as typeof call, {
+        async *[Symbol.asyncIterator]() {
+          yield* call;
+          e3 = await store.storeEvent('sdk-1', note(3));
+        },
+      });
+    }) as typeof cl.client.read;
+    const sent: string[] = [];
+    const returned = await store.replayEventsAfter(start, { send: async (id) => void sent.push(id) });
+    assert.equal(returned, 'sdk-1', 'the SDK keeps delivering the live rest in-process');
+    assert.deepEqual(sent, [e1, e2, e3]);
+    await store.storeEvent('sdk-1', note(4));
+    assert.deepEqual(sent, [e1, e2, e3], 'after the hand-over the SDK writes, not the replay');
+    await cl.close();
+  });
+
   it('renews producer leases while the process lives', async () => {
     const cl = new Cursorlog({ address: server.address, leaseMs: 300, logger: quiet });
     const store = await bound(cl, 'lease-1');
