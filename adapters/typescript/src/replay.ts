@@ -35,7 +35,7 @@ import {
   type Facts,
   type Reason,
 } from './resume.js';
-import { parseCursor, type LocalStream, type SessionEventStore } from './store.js';
+import { kindOf, parseCursor, type LocalStream, type SessionEventStore } from './store.js';
 import type { StreamEntry } from './sdk-internals.js';
 
 type Send = (eventId: string, message: JSONRPCMessage) => Promise<void>;
@@ -136,7 +136,7 @@ export class Resumer {
     // From here to the return: no await (see the module comment).
     if (finish === 'live') {
       for (const p of [...local.pending].sort((a, b) => a.seq - b.seq)) {
-        delivery.event(p.seq, p.id, 'id' in p.message && !('method' in p.message) ? ('error' in p.message ? 'error' : 'result') : 'message', p.message);
+        delivery.event(p.seq, p.id, kindOf(p.message), p.message);
       }
     }
     local.resumesInProgress -= 1;

@@ -13,6 +13,7 @@ import type { EventStore, EventId, StreamId } from '@modelcontextprotocol/sdk/se
 import type { JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js';
 import { CursorlogError, CursorlogMcpError } from './client.js';
 import type { Core } from './core.js';
+import type { Rpcs } from './proto.js';
 import { ANSWERED_SUFFIX } from './resume.js';
 import { Resumer } from './replay.js';
 import { checkTransport, requestIdsOfStream, type TransportInternals } from './sdk-internals.js';
@@ -42,8 +43,8 @@ export function parseCursor(id: string): { epoch: string; stream: string; seq: n
   return { epoch: m[1]!, stream: m[2]!, seq: Number(m[3]!) };
 }
 
-/** The event kind recorded for a message. */
-function kindOf(message: JSONRPCMessage): string {
+/** The event kind recorded for a message: request, notification, result or error. */
+export function kindOf(message: JSONRPCMessage): string {
   if ('method' in message) return 'id' in message ? 'request' : 'notification';
   return 'error' in message ? 'error' : 'result';
 }
@@ -164,10 +165,7 @@ export class SessionEventStore implements EventStore {
   }
 
   /** A unary call naming this session (renews its idle TTL). */
-  call<K extends keyof import('./proto.js').Rpcs>(
-    rpc: K,
-    request: import('./proto.js').Rpcs[K][0],
-  ): Promise<import('./proto.js').Rpcs[K][1]> {
+  call<K extends keyof Rpcs>(rpc: K, request: Rpcs[K][0]): Promise<Rpcs[K][1]> {
     this.touchedAt = Date.now();
     return this.core.client.call(rpc, request);
   }
