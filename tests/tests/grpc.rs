@@ -1299,6 +1299,14 @@ async fn batches_across_sessions_and_session_state() {
                 pb::BatchItem { item: None },
                 done.clone(),
                 done,
+                pb::BatchItem {
+                    item: Some(pb::batch_item::Item::Open(pb::OpenStreamRequest {
+                        session: "b".into(),
+                        epoch: 1,
+                        correlation: Some("2".into()),
+                        lease_ms: Some(10_000),
+                    })),
+                },
             ],
         })
         .await
@@ -1311,6 +1319,7 @@ async fn batches_across_sessions_and_session_state() {
         .map(|r| match r.result.unwrap() {
             R::Appended(x) => format!("appended {:?}", x.event_ids),
             R::Completed(t) => format!("completed {} dup={}", t.terminal_seq, t.duplicate),
+            R::Opened(o) => format!("opened {}", o.start_event_id == format!("1-{}-0", o.stream)),
             R::Failure(f) => format!("failure {}", Code::from_i32(f.code).description()),
         })
         .collect();
@@ -1323,6 +1332,7 @@ async fn batches_across_sessions_and_session_state() {
             format!("failure {}", Code::InvalidArgument.description()),
             "completed 2 dup=false".to_owned(),
             "completed 2 dup=true".to_owned(),
+            "opened true".to_owned(),
         ]
     );
     let r = c
