@@ -21,7 +21,7 @@ import os
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
-from cursorlog_mcp import CursorlogEventStore, streamable_http_app
+from cursorlog_mcp import CursorlogEventStore, CursorlogMiddleware
 
 
 def build_server(replica: str, exec_log: str | None) -> MCPServer:
@@ -73,7 +73,10 @@ def main() -> None:
     )
     store = CursorlogEventStore(args.cursorlog, lease_ms=args.lease_ms)
     server = build_server(args.name or str(args.port), args.exec_log)
-    app = streamable_http_app(server, store, retry_interval=args.retry_ms)
+    # The SDK's own builder, with all its options (DNS-rebinding protection for localhost,
+    # auth when configured), plus the middleware that names sessions and restores them.
+    app = server.streamable_http_app(event_store=store, retry_interval=args.retry_ms, host=args.host)
+    app.add_middleware(CursorlogMiddleware, store=store, server=server)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
 
 

@@ -194,7 +194,7 @@ async def test_cut_mid_call_resumes_on_the_other_replica_exactly_once(
     assert [seq_of(t) for t in seen.tokens] == list(range(0, 12))
     assert proxy.connections[b.port] >= 1
     b_log = b.log_text()
-    assert f"restored session {ids['session']}" in b_log
+    assert f"session {ids['session']}: restored from cursorlog" in b_log
     # B resumed from the last event the client had before the cut (progress 2, or 3 if it was
     # already in flight), so the events A appended during the pause came from cursorlog.
     resumed = re.findall(rf"session={ids['session']} cursor=(\S+) verdict=RESUMABLE .*stream_kind=request", b_log)
