@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import logging
 import os
-
 from typing import Any
 
 import uvicorn

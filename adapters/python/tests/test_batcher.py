@@ -29,15 +29,15 @@ async def open_streams(client: CursorlogClient, n: int) -> list[tuple[str, int]]
     return out
 
 
-def event(text: str) -> pb.NewEvent:
-    return pb.NewEvent(kind="notification", payload=text.encode())
+def event(text: str) -> bytes:
+    return text.encode()
 
 
 async def test_concurrent_appends_share_rpcs_and_each_caller_gets_its_own_id(client: CursorlogClient) -> None:
     streams = await open_streams(client, 64)
     batcher = AppendBatcher(client)
     answers = await asyncio.gather(
-        *(batcher.append(s, st, event(f"e{i}"), expected_next_seq=1) for i, (s, st) in enumerate(streams))
+        *(batcher.append(s, st, event(f"e{i}"), kind="n", expected_next_seq=1) for i, (s, st) in enumerate(streams))
     )
     assert batcher.stats.items == 64
     assert batcher.stats.rpcs < 64, batcher.stats.batch_sizes
@@ -47,7 +47,7 @@ async def test_concurrent_appends_share_rpcs_and_each_caller_gets_its_own_id(cli
         epoch = (await client.open_session(session)).epoch
         assert list(answer.event_ids) == [f"{epoch}-{stream}-1"]
     # What each caller was told is what cursorlog stored for it.
-    for i, (session, stream) in enumerate(streams[:8]):
+    for i, (session, _stream) in enumerate(streams[:8]):
         read = [m async for m in client.read(session, answers[i].event_ids[0].rsplit("-", 1)[0] + "-0", follow=False)]
         stored = [e for m in read if m.WhichOneof("item") == "events" for e in m.events.events]
         assert [e.payload for e in stored] == [f"e{i}".encode()]
@@ -57,7 +57,7 @@ async def test_an_idle_append_is_sent_at_once(client: CursorlogClient) -> None:
     ((session, stream),) = await open_streams(client, 1)
     batcher = AppendBatcher(client)
     for seq in (1, 2, 3):
-        answer = await batcher.append(session, stream, event(f"s{seq}"), expected_next_seq=seq)
+        answer = await batcher.append(session, stream, event(f"s{seq}"), kind="n", expected_next_seq=seq)
         assert answer.first_seq == seq
     assert batcher.stats.batch_sizes == [1, 1, 1]
 
@@ -65,10 +65,10 @@ async def test_an_idle_append_is_sent_at_once(client: CursorlogClient) -> None:
 async def test_a_failed_item_fails_exactly_its_caller(client: CursorlogClient) -> None:
     streams = await open_streams(client, 6)
     done_session, done_stream = streams[0]
-    await client.complete(done_session, done_stream, event("end"), expected_next_seq=1)
+    await client.complete(done_session, done_stream, pb.NewEvent(kind="r", payload=b"end"), expected_next_seq=1)
     batcher = AppendBatcher(client)
-    calls = [batcher.append(s, st, event("x"), expected_next_seq=1) for s, st in streams]
-    calls.append(batcher.append(streams[1][0], 987654321, event("x"), expected_next_seq=1))
+    calls = [batcher.append(s, st, event("x"), kind="n", expected_next_seq=1) for s, st in streams]
+    calls.append(batcher.append(streams[1][0], 987654321, event("x"), kind="n", expected_next_seq=1))
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert isinstance(results[0], CursorlogFailedPrecondition), results[0]  # terminated stream
     assert isinstance(results[-1], CursorlogNotFound), results[-1]  # unknown stream
@@ -82,9 +82,9 @@ async def test_completions_and_appends_of_many_sessions_mix_in_one_batch(client:
     calls: list[Any] = []
     for i, (s, st) in enumerate(streams):
         if i % 2:
-            calls.append(batcher.complete(s, st, event("result"), expected_next_seq=1))
+            calls.append(batcher.complete(s, st, event("result"), kind="r", correlation=None, expected_next_seq=1))
         else:
-            calls.append(batcher.append(s, st, event("progress"), expected_next_seq=1))
+            calls.append(batcher.append(s, st, event("progress"), kind="n", expected_next_seq=1))
     results = await asyncio.gather(*calls)
     for i, r in enumerate(results):
         if i % 2:
@@ -101,21 +101,21 @@ class FlakyClient:
         self.real = real
         self.failures = 2
 
-    async def append_batch(self, items: list[pb.BatchItem]) -> pb.AppendBatchResponse:
+    async def append_batch(self, request: pb.AppendBatchRequest) -> pb.AppendBatchResponse:
         if self.failures:
             self.failures -= 1
             # The batch reached cursorlog before the connection broke: the retry is a duplicate.
-            await self.real.append_batch(items)
+            await self.real.append_batch(request)
             raise CursorlogUnavailable("AppendBatch", grpc.StatusCode.UNAVAILABLE, "connection reset")
-        return await self.real.append_batch(items)
+        return await self.real.append_batch(request)
 
 
 async def test_unavailable_retries_only_what_can_be_retried_safely(client: CursorlogClient) -> None:
     (a, b) = await open_streams(client, 2)
     batcher = AppendBatcher(FlakyClient(client))  # type: ignore[arg-type]
     retried, unsafe = await asyncio.gather(
-        batcher.append(a[0], a[1], event("r"), expected_next_seq=1),
-        batcher.append(b[0], b[1], event("u"), expected_next_seq=None),
+        batcher.append(a[0], a[1], event("r"), kind="n", expected_next_seq=1),
+        batcher.append(b[0], b[1], event("u"), kind="n", expected_next_seq=None),
         return_exceptions=True,
     )
     assert isinstance(retried, pb.AppendResponse) and retried.first_seq == 1 and retried.duplicate, retried

@@ -36,13 +36,41 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 _RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
-    item: pb.BatchItem
-    size: int
+    """One append or completion, as plain fields: its protobuf is built once, in the batch."""
+
+    session: str
+    stream: int
+    kind: str
+    payload: bytes
+    correlation: str | None
+    complete: bool
+    expected_next_seq: int | None
     future: asyncio.Future[pb.BatchResult]
-    retryable: bool
     attempts: int = 0
+
+    @property
+    def retryable(self) -> bool:
+        return self.expected_next_seq is not None
+
+    def fill(self, item: pb.BatchItem) -> None:
+        if self.complete:
+            request = item.complete
+            terminal = request.terminal
+            terminal.kind = self.kind
+            terminal.payload = self.payload
+            if self.correlation is not None:
+                terminal.correlation = self.correlation
+        else:
+            request = item.append  # type: ignore[assignment]
+            event = request.events.add()  # type: ignore[attr-defined]
+            event.kind = self.kind
+            event.payload = self.payload
+        request.session = self.session
+        request.stream = self.stream
+        if self.expected_next_seq is not None:
+            request.expected_next_seq = self.expected_next_seq
 
 
 @dataclass
@@ -69,52 +97,53 @@ class AppendBatcher:
         self._pending: deque[_Item] = deque()
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._unanswered: set[asyncio.Future[pb.BatchResult]] = set()
+        self._retrying = 0
         self.stats = BatcherStats()
 
     async def append(
-        self, session: str, stream: int, event: pb.NewEvent, *, expected_next_seq: int | None
+        self, session: str, stream: int, payload: bytes, *, kind: str, expected_next_seq: int | None
     ) -> pb.AppendResponse:
         """Appends one event; returns once it is durable (or raises its typed error)."""
-        request = pb.AppendRequest(session=session, stream=stream, events=[event])
-        if expected_next_seq is not None:
-            request.expected_next_seq = expected_next_seq
-        result = await self._submit(pb.BatchItem(append=request), len(event.payload), expected_next_seq is not None)
+        result = await self._submit(session, stream, kind, payload, None, False, expected_next_seq)
         if result.WhichOneof("result") != "appended":
             raise CursorlogError("AppendBatch", grpc.StatusCode.INTERNAL, "append answered as a completion")
         return result.appended
 
     async def complete(
-        self, session: str, stream: int, terminal: pb.NewEvent, *, expected_next_seq: int | None
+        self,
+        session: str,
+        stream: int,
+        payload: bytes,
+        *,
+        kind: str,
+        correlation: str | None,
+        expected_next_seq: int | None,
     ) -> pb.TerminateResponse:
         """Writes the stream's terminal frame; returns once it is durable."""
-        request = pb.CompleteRequest(session=session, stream=stream, terminal=terminal)
-        if expected_next_seq is not None:
-            request.expected_next_seq = expected_next_seq
-        result = await self._submit(
-            pb.BatchItem(complete=request), len(terminal.payload), expected_next_seq is not None
-        )
+        result = await self._submit(session, stream, kind, payload, correlation, True, expected_next_seq)
         if result.WhichOneof("result") != "completed":
             raise CursorlogError("AppendBatch", grpc.StatusCode.INTERNAL, "completion answered as an append")
         return result.completed
 
-    async def _submit(self, item: pb.BatchItem, size: int, retryable: bool) -> pb.BatchResult:
-        loop = asyncio.get_running_loop()
-        entry = _Item(item, size, loop.create_future(), retryable)
-        self._pending.append(entry)
-        self._unanswered.add(entry.future)
-        entry.future.add_done_callback(self._settled)
+    async def _submit(
+        self,
+        session: str,
+        stream: int,
+        kind: str,
+        payload: bytes,
+        correlation: str | None,
+        complete: bool,
+        expected_next_seq: int | None,
+    ) -> pb.BatchResult:
+        future: asyncio.Future[pb.BatchResult] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Item(session, stream, kind, payload, correlation, complete, expected_next_seq, future))
         self._pump()
-        result = await asyncio.shield(entry.future)
+        # A caller cancelled here cancels its future; the item may still be written (it may
+        # already be on the wire), which is what a cancelled unary Append does too.
+        result = await future
         if result.WhichOneof("result") == "failure":
-            rpc = "Append" if item.WhichOneof("item") == "append" else "Complete"
-            raise from_failure(rpc, result.failure.code, result.failure.message)
+            raise from_failure("Complete" if complete else "Append", result.failure.code, result.failure.message)
         return result
-
-    def _settled(self, future: asyncio.Future[pb.BatchResult]) -> None:
-        self._unanswered.discard(future)
-        if not future.cancelled():
-            future.exception()  # retrieved here, so a caller that was cancelled leaves no warning
 
     def _pump(self) -> None:
         while self._pending and self._in_flight < self._max_in_flight:
@@ -129,10 +158,10 @@ class AppendBatcher:
         size = 0
         while self._pending and len(batch) < self._max_items:
             nxt = self._pending[0]
-            if batch and size + nxt.size > MAX_BATCH_BYTES:
+            if batch and size + len(nxt.payload) > MAX_BATCH_BYTES:
                 break
             batch.append(self._pending.popleft())
-            size += nxt.size
+            size += len(nxt.payload)
         return batch
 
     async def _send(self, batch: list[_Item]) -> None:
@@ -140,8 +169,12 @@ class AppendBatcher:
             self.stats.rpcs += 1
             self.stats.items += len(batch)
             self.stats.batch_sizes.append(len(batch))
+            request = pb.AppendBatchRequest()
+            items = request.items
+            for entry in batch:
+                entry.fill(items.add())
             try:
-                response = await self._client.append_batch([entry.item for entry in batch])
+                response = await self._client.append_batch(request)
             except CursorlogError as e:
                 self._failed(batch, e)
                 return
@@ -186,14 +219,18 @@ class AppendBatcher:
         logger.warning(
             "cursorlog AppendBatch unavailable (%s); retrying %d items in %.2fs", error.details, len(retry), delay
         )
-        loop = asyncio.get_running_loop()
-        loop.call_later(delay, self._requeue, retry)
+        self._retrying += 1
+        asyncio.get_running_loop().call_later(delay, self._requeue, retry)
 
     def _requeue(self, entries: list[_Item]) -> None:
+        self._retrying -= 1
         self._pending.extendleft(reversed(entries))
         self._pump()
 
     async def drain(self) -> None:
         """Waits until every submitted item is answered."""
-        while self._unanswered:
-            await asyncio.wait(list(self._unanswered))
+        while self._tasks or self._pending or self._retrying:
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            else:
+                await asyncio.sleep(0.01)

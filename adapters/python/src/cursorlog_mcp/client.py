@@ -185,9 +185,9 @@ class CursorlogClient:
             request.terminal.CopyFrom(terminal)
         return await self._unary("Abort", request, pb.TerminateResponse, retry=False)
 
-    async def append_batch(self, items: list[pb.BatchItem]) -> pb.AppendBatchResponse:
+    async def append_batch(self, request: pb.AppendBatchRequest) -> pb.AppendBatchResponse:
         """``AppendBatch``, not retried here: the caller decides per item (see ``batcher``)."""
-        return await self._unary("AppendBatch", pb.AppendBatchRequest(items=items), pb.AppendBatchResponse, retry=False)
+        return await self._unary("AppendBatch", request, pb.AppendBatchResponse, retry=False)
 
     async def keep_alive(self, session: str, stream: int = 0) -> None:
         """Renews the stream's producer lease and the session's idle TTL; ``stream`` 0 renews

@@ -122,7 +122,10 @@ class CursorlogEventStore(EventStore):
         self.client = target if isinstance(target, CursorlogClient) else CursorlogClient(target, token=token)
         self._owns_client = not isinstance(target, CursorlogClient)
         self.lease_ms = lease_ms
-        self.on_evicted = EvictedMode(on_evicted)
+        try:
+            self.on_evicted = EvictedMode(on_evicted)
+        except ValueError:
+            raise ValueError(f"on_evicted must be 'gap' or 'error', not {on_evicted!r}") from None
         self._max_in_flight = max_in_flight
         self._batcher: AppendBatcher | None = None
         self._batcher_loop: asyncio.AbstractEventLoop | None = None
@@ -379,7 +382,7 @@ class CursorlogEventStore(EventStore):
                 )
             # Any replica serving the session may append here, so no expected seq.
             appended = await self.batcher.append(
-                session.session_id, session.get_stream, pb.NewEvent(kind=kind, payload=payload), expected_next_seq=None
+                session.session_id, session.get_stream, payload, kind=kind, expected_next_seq=None
             )
             return str(appended.event_ids[0])
         stream = session.streams.get(stream_id)
@@ -395,10 +398,7 @@ class CursorlogEventStore(EventStore):
             try:
                 if not terminal:
                     appended = await self.batcher.append(
-                        session.session_id,
-                        stream.stream,
-                        pb.NewEvent(kind=kind, payload=payload),
-                        expected_next_seq=stream.next_seq,
+                        session.session_id, stream.stream, payload, kind=kind, expected_next_seq=stream.next_seq
                     )
                     stream.next_seq = appended.last_seq + 1
                     stream.renewed_at = time.monotonic()
@@ -406,7 +406,9 @@ class CursorlogEventStore(EventStore):
                 done = await self.batcher.complete(
                     session.session_id,
                     stream.stream,
-                    pb.NewEvent(kind=kind, correlation=stream.correlation, payload=payload),
+                    payload,
+                    kind=kind,
+                    correlation=stream.correlation,
                     expected_next_seq=stream.next_seq,
                 )
             except CursorlogError as e:
