@@ -12,6 +12,7 @@ latency from emission to arrival (both run on one machine, one clock).
 from __future__ import annotations
 
 import argparse
+import threading
 import asyncio
 import logging
 import sys
@@ -60,6 +61,22 @@ def build(store_kind: str, args: argparse.Namespace) -> Any:
         store: Any = CursorlogEventStore(args.cursorlog, max_in_flight=args.max_in_flight)
         app = mcp.streamable_http_app(event_store=store, host=args.host)
         app.add_middleware(CursorlogMiddleware, store=store, server=mcp, verify_sessions=not args.no_verify)
+
+        def report() -> None:
+            last = 0
+            while True:
+                time.sleep(5)
+                batcher = store._batcher  # noqa: SLF001 - benchmark statistics
+                if batcher is not None and batcher.stats.rpcs != last:
+                    s = batcher.stats
+                    last = s.rpcs
+                    print(
+                        f"cursorlog batcher: {s.items} items in {s.rpcs} AppendBatch calls "
+                        f"(mean {s.items / s.rpcs:.1f}, max {max(s.batch_sizes)})",
+                        flush=True,
+                    )
+
+        threading.Thread(target=report, daemon=True).start()
     elif store_kind == "memory":
         store = MemoryEventStore()
         app = mcp.streamable_http_app(event_store=store, host=args.host)
@@ -84,7 +101,15 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     app = build(args.store, args)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop=args.loop, access_log=False)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        loop=args.loop,
+        access_log=False,
+        timeout_keep_alive=120,
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ class RedisEventStore(EventStore):
     """``XADD`` per event, ``XRANGE`` replay; ids ``{key}|{entry id}``."""
 
     def __init__(self, url: str, *, prefix: str | None = None, maxlen: int | None = 10_000) -> None:
-        self.redis = aioredis.Redis.from_url(url, decode_responses=False)
+        # Sized for the concurrency it serves, as a deployment would (the default pool refuses more).
+        self.redis = aioredis.Redis.from_url(url, decode_responses=False, max_connections=4096)
         self.prefix = prefix or f"mcp:{uuid.uuid4().hex[:8]}"
         self.maxlen = maxlen
 

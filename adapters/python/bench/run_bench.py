@@ -11,8 +11,11 @@ between the two replicas. Per round it measures durable events per second (progr
 events received, each stored before it was sent, over the round's wall time) and the latency of
 every event from its emission in the tool to its arrival at the client. Medians over rounds.
 
-The load generator speaks raw HTTP/SSE (httpx), not the SDK client, to keep its own CPU cost
-low; it shares the machine's two cores with everything else, equally for both sides.
+The load generator speaks raw HTTP/1.1 and SSE over asyncio streams (not the SDK client, not
+httpx), to keep its own CPU cost per event far below the server's; it shares the machine's two
+cores with everything else, equally for both sides. Each round also reports the CPU time the
+front-end and the store server used per event (from /proc), which the machine's other load
+does not skew.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import httpx
 
 HERE = Path(__file__).resolve().parent
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
@@ -96,13 +99,75 @@ class Round:
         return data[min(len(data) - 1, int(q * len(data)))]
 
 
-class Session:
-    """One MCP client session over raw HTTP."""
+class Connection:
+    """A minimal HTTP/1.1 keep-alive client connection: the load generator's own CPU per event
+    must stay far below the server's, so it parses chunked SSE by hand instead of using httpx."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str, index: int) -> None:
-        self.http, self.url, self.index = http, url, index
+    def __init__(self, host: str, port: int, path: str) -> None:
+        self.host, self.port, self.path = host, port, path
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, str], Any]:
+        """Sends a POST; returns status, headers and an async iterator over body lines."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        payload = json.dumps(body).encode()
+        head = [f"POST {self.path} HTTP/1.1", f"host: {self.host}:{self.port}", f"content-length: {len(payload)}"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+        status_line = await self.reader.readline()
+        status = int(status_line.split()[1])
+        response_headers: dict[str, str] = {}
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            key, _, value = line.decode("latin-1").partition(":")
+            response_headers[key.strip().lower()] = value.strip()
+        return status, response_headers, self._body(response_headers)
+
+    async def _body(self, headers: dict[str, str]) -> Any:
+        assert self.reader is not None
+        if headers.get("transfer-encoding") == "chunked":
+            pending = b""
+            while True:
+                size = int((await self.reader.readline()).strip(), 16)
+                if size == 0:
+                    await self.reader.readline()
+                    if pending:
+                        yield pending
+                    return
+                chunk = await self.reader.readexactly(size + 2)
+                pending += chunk[:-2]
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.rstrip(b"\r")
+        else:
+            data = await self.reader.readexactly(int(headers.get("content-length", "0")))
+            for line in data.split(b"\n"):
+                yield line.rstrip(b"\r")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Session:
+    """One MCP client session over raw HTTP (its own keep-alive connection)."""
+
+    def __init__(self, url: str, index: int) -> None:
+        host, _, rest = url.removeprefix("http://").partition(":")
+        port, _, path = rest.partition("/")
+        self.conn = Connection(host, int(port), "/" + path)
+        self.index = index
         self.sid = ""
         self.next_id = 1
+
+    async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, str], list[bytes]]:
+        status, response_headers, lines = await self.conn.request(body, headers)
+        return status, response_headers, [line async for line in lines]
 
     async def initialize(self) -> None:
         body = {
@@ -111,12 +176,13 @@ class Session:
             "method": "initialize",
             "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}},
         }
-        response = await self.http.post(self.url, json=body, headers=ACCEPT)
-        response.raise_for_status()
-        self.sid = response.headers["mcp-session-id"]
-        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        sent = await self.http.post(self.url, json=note, headers=self.headers())
-        sent.raise_for_status()
+        status, headers, _ = await self._post(body, ACCEPT)
+        if status != 200:
+            raise RuntimeError(f"initialize answered {status}")
+        self.sid = headers["mcp-session-id"]
+        status, _, _ = await self._post({"jsonrpc": "2.0", "method": "notifications/initialized"}, self.headers())
+        if status != 202:
+            raise RuntimeError(f"notifications/initialized answered {status}")
 
     def headers(self) -> dict[str, str]:
         return {**ACCEPT, "mcp-session-id": self.sid, "mcp-protocol-version": VERSION}
@@ -131,31 +197,35 @@ class Session:
             "method": "tools/call",
             "params": {"name": "work", "arguments": {"n": n}, "_meta": {"progressToken": request_id}},
         }
+        status, _, lines = await self.conn.request(body, self.headers())
+        if status != 200:
+            raise RuntimeError(f"tools/call answered {status}")
         events = 0
-        event_id: str | None = None
-        async with self.http.stream("POST", self.url, json=body, headers=self.headers()) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line.startswith("id:"):
-                    event_id = line[3:].strip()
-                elif line.startswith("data:"):
-                    data = line[5:].strip()
-                    if not data:
-                        continue  # the priming event
-                    now = time.time()
-                    message = json.loads(data)
-                    if event_id is None:
-                        raise RuntimeError(f"an event without an id: {data[:200]}")
-                    events += 1
-                    if message.get("method") == "notifications/progress":
-                        latencies.append((now - float(message["params"]["message"])) * 1000)
-                    elif message.get("id") == request_id:
-                        if "error" in message:
-                            raise RuntimeError(f"tool call failed: {message['error']}")
-                        latencies.append((now - float(message["result"]["content"][0]["text"])) * 1000)
-                        return events
-                    event_id = None
-        raise RuntimeError(f"the stream of {request_id} ended without its result")
+        event_id: bytes | None = None
+        result: int | None = None
+        async for line in lines:
+            if line.startswith(b"id:"):
+                event_id = line[3:].strip()
+            elif line.startswith(b"data:"):
+                data = line[5:].strip()
+                if not data:
+                    continue  # the priming event
+                now = time.time()
+                if event_id is None:
+                    raise RuntimeError(f"an event without an id: {data[:200]!r}")
+                message = json.loads(data)
+                events += 1
+                if message.get("method") == "notifications/progress":
+                    latencies.append((now - float(message["params"]["message"])) * 1000)
+                elif message.get("id") == request_id:
+                    if "error" in message:
+                        raise RuntimeError(f"tool call failed: {message['error']}")
+                    latencies.append((now - float(message["result"]["content"][0]["text"])) * 1000)
+                    result = events
+                event_id = None
+        if result is None:
+            raise RuntimeError(f"the stream of {request_id} ended without its result")
+        return result
 
 
 PIDS: dict[str, dict[str, int]] = {}
@@ -174,9 +244,8 @@ async def run_round(sessions: list[Session], side: str, n: int) -> Round:
 
 
 async def drive(urls: dict[str, str], calls: int, events: int, rounds: int) -> list[Round]:
-    limits = httpx.Limits(max_connections=calls * 2 + 10, max_keepalive_connections=calls * 2 + 10)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60)) as http:
-        sessions = {side: [Session(http, url, i) for i in range(calls)] for side, url in urls.items()}
+    sessions = {side: [Session(url, i) for i in range(calls)] for side, url in urls.items()}
+    try:
         for side_sessions in sessions.values():
             await asyncio.gather(*(s.initialize() for s in side_sessions))
         order = list(urls)
@@ -195,6 +264,10 @@ async def drive(urls: dict[str, str], calls: int, events: int, rounds: int) -> l
                 )
                 results.append(done)
         return results
+    finally:
+        for side_sessions in sessions.values():
+            for s in side_sessions:
+                s.conn.close()
 
 
 def summarize(results: list[Round]) -> dict[str, dict[str, float]]:
