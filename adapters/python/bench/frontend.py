@@ -12,10 +12,10 @@ latency from emission to arrival (both run on one machine, one clock).
 from __future__ import annotations
 
 import argparse
-import threading
 import asyncio
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 HERE = Path(__file__).resolve().parent
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 VERSION = "2025-11-25"
