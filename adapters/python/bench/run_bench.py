@@ -255,7 +255,7 @@ async def drive(urls: dict[str, str], calls: int, events: int, rounds: int) -> l
             for side in order if r % 2 == 0 else list(reversed(order)):
                 done = await run_round(sessions[side], side, events)
                 print(
-                    f"round {r + 1} {side:9s} {done.events_per_s:9.0f} events/s  p50 {done.pct(0.5):7.2f} ms"
+                    f"round {r + 1} {side:18s} {done.events_per_s:9.0f} events/s  p50 {done.pct(0.5):7.2f} ms"
                     f"  p99 {done.pct(0.99):7.2f} ms  ({done.events} events in {done.seconds:.2f}s)"
                     f"  CPU/event: front-end {done.cpu_us_per_event('frontend'):.0f} us,"
                     f" store {done.cpu_us_per_event('store'):.0f} us",
@@ -307,7 +307,8 @@ def main() -> None:
         urls: dict[str, str] = {}
         sides = args.sides.split(",")
         front = [sys.executable, str(HERE / "frontend.py"), "--loop", args.loop]
-        if "cursorlog" in sides:
+        variants = [s for s in sides if s.startswith("cursorlog")]
+        if variants:
             log = (work / "cursorlog.log").open("wb")
             cl = subprocess.Popen(
                 [
@@ -329,15 +330,20 @@ def main() -> None:
             match = re.search(r"listening on (\S+)", line)
             if not match:
                 raise RuntimeError(f"cursorlog printed {line!r}")
+        for side in variants:
+            # cursorlog[-noverify][-mifN]: the store's levers, each its own front-end.
+            verify = "noverify" not in side and not args.no_verify
+            mif = re.search(r"mif(\d+)", side)
+            in_flight = int(mif.group(1)) if mif else args.max_in_flight
             port = free_port()
-            extra = ["--max-in-flight", str(args.max_in_flight)] + (["--no-verify"] if args.no_verify else [])
+            extra = ["--max-in-flight", str(in_flight)] + ([] if verify else ["--no-verify"])
             fe = subprocess.Popen(
                 [*front, "--port", str(port), "--store", "cursorlog", "--cursorlog", match.group(1), *extra]
             )
             procs.append(fe)
-            wait_port(port, fe, "cursorlog front-end")
-            urls["cursorlog"] = f"http://127.0.0.1:{port}/mcp"
-            PIDS["cursorlog"] = {"frontend": fe.pid, "store": cl.pid}
+            wait_port(port, fe, f"{side} front-end")
+            urls[side] = f"http://127.0.0.1:{port}/mcp"
+            PIDS[side] = {"frontend": fe.pid, "store": cl.pid}
         if "redis" in sides:
             rport = free_port()
             (work / "redis").mkdir()
