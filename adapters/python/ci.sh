@@ -51,6 +51,9 @@ echo "--- checking the committed gRPC stubs against proto/"
 echo "--- ruff (undefined names, unused imports, syntax)"
 "$venv/bin/ruff" check --quiet --select F,E9 "$here/src" "$here/tests" "$here/examples" "$here/sdk_tests" "$here/bench"
 
+echo "--- mypy --strict (the package is typed: py.typed)"
+(cd "$here" && "$venv/bin/mypy" src/cursorlog_mcp)
+
 status=0
 echo "--- pytest (cursorlog binary: $CURSORLOG_BIN)"
 cd "$here"

@@ -562,3 +562,40 @@ async def test_an_unreachable_cursorlog_raises_instead_of_returning_an_empty_id(
             await Bound(nowhere).store_event("1", None)
     finally:
         await nowhere.aclose()
+
+
+class CountingClient(CursorlogClient):
+    """Records the KeepAlive calls the store makes."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.renewed: list[tuple[str, int]] = []
+        self.session_renewed = anyio.Event()
+
+    async def keep_alive(self, session: str, stream: int = 0) -> None:
+        await super().keep_alive(session, stream)
+        self.renewed.append((session, stream))
+        if stream == 0:
+            self.session_renewed.set()
+
+
+async def test_an_idle_session_held_here_is_renewed_within_the_idle_ttl(cursorlog: CursorlogServer) -> None:
+    """A connected client idle between calls must not lose its session: with an idle TTL, the
+    store renews each session it holds (KeepAlive without a stream) once nothing named it for a
+    third of the TTL."""
+    client = CountingClient(cursorlog.address)
+    store = CursorlogEventStore(client, lease_ms=60_000)
+    try:
+        session = Bound(store)
+        await session.store_event("1", None)
+        await session.store_event("1", result(1, "done"))  # no open stream: only the session is left
+        store.idle_ttl_ms = 600  # as GetSession reports it when the server runs with an idle TTL
+        with anyio.fail_after(5):
+            await client.session_renewed.wait()
+        assert (session.session_id, 0) in client.renewed
+        assert all(stream == 0 for _, stream in client.renewed), client.renewed
+        await store.forget(session.session_id, "test over")
+        assert not store.known_session(session.session_id), "a session no longer served here is not renewed"
+    finally:
+        await store.aclose()
+        await client.close()

@@ -56,21 +56,24 @@ class _Item:
 
     def fill(self, item: pb.BatchItem) -> None:
         if self.complete:
-            request = item.complete
-            terminal = request.terminal
-            terminal.kind = self.kind
-            terminal.payload = self.payload
+            done = item.complete
+            done.session = self.session
+            done.stream = self.stream
+            if self.expected_next_seq is not None:
+                done.expected_next_seq = self.expected_next_seq
+            done.terminal.kind = self.kind
+            done.terminal.payload = self.payload
             if self.correlation is not None:
-                terminal.correlation = self.correlation
+                done.terminal.correlation = self.correlation
         else:
-            request = item.append  # type: ignore[assignment]
-            event = request.events.add()  # type: ignore[attr-defined]
+            append = item.append
+            append.session = self.session
+            append.stream = self.stream
+            if self.expected_next_seq is not None:
+                append.expected_next_seq = self.expected_next_seq
+            event = append.events.add()
             event.kind = self.kind
             event.payload = self.payload
-        request.session = self.session
-        request.stream = self.stream
-        if self.expected_next_seq is not None:
-            request.expected_next_seq = self.expected_next_seq
 
 
 @dataclass

@@ -24,7 +24,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
@@ -107,8 +107,10 @@ def _result_of(body: bytes) -> dict[str, Any] | None:
             raw = json.loads(text)
         except ValueError:
             continue
-        if isinstance(raw, dict) and isinstance(raw.get("result"), dict):
-            return raw["result"]
+        if isinstance(raw, dict):
+            result = raw.get("result")
+            if isinstance(result, dict):
+                return result
     return None
 
 
@@ -166,8 +168,8 @@ class CursorlogMiddleware:
         idle = getattr(manager, "session_idle_timeout", _DEFAULT_LOCAL_IDLE_S)
         return float(idle) if idle is not None else None
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -345,43 +347,48 @@ class CursorlogMiddleware:
         ``initialize`` (and ``notifications/initialized``) through the SDK's app with the
         request's own headers. None when the SDK refused; its answer was sent to the client."""
         lock = self._restoring.setdefault(session, asyncio.Lock())
-        async with lock:
-            known = self._local.get(session)
-            if known is not None:
-                return known
-            request_id = f"cursorlog-restore-{uuid4().hex}"
-            base = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROPPED_ON_SYNTHETIC]
-            init = json.dumps(
-                {"jsonrpc": "2.0", "id": request_id, "method": "initialize", "params": state.initialize_params}
-            ).encode()
-            init_scope = self._synthetic_scope(scope, "POST", base, init)
-            binding = Binding(session, init_scope, synthetic_streams=frozenset({request_id}))
-            token = bind(binding)
-            try:
-                status, headers, body = await self._call(init_scope, init)
-                local_id = _header(headers, SESSION_HEADER)
-                if status != 200 or local_id is None:
-                    logger.info("session %s: the SDK refused to restore it (HTTP %d)", session, status)
-                    await _respond(send, (status, headers, body))
-                    return None
-                result = _result_of(body) or {}
-                version = str(result.get("protocolVersion", ""))
-                note = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
-                note_headers = _with_header(_with_header(base, SESSION_HEADER, local_id), VERSION_HEADER, version)
-                await self._call(self._synthetic_scope(scope, "POST", note_headers, note), note)
-            finally:
-                unbind(token)
-            local = _Local(local_id, init_scope)
-            if binding.owner() != state.owner:
-                logger.warning(
-                    "session %s: a request with another credential than its creator's; answered 404", session
-                )
-                await self._terminate(session, local)
-                await _respond(send, _not_found())
+        try:
+            async with lock:
+                return await self._restore_locked(session, state, scope, send)
+        finally:
+            if not lock.locked() and self._restoring.get(session) is lock:
+                del self._restoring[session]
+
+    async def _restore_locked(self, session: str, state: SessionState, scope: Scope, send: Send) -> _Local | None:
+        known = self._local.get(session)
+        if known is not None:
+            return known
+        request_id = f"cursorlog-restore-{uuid4().hex}"
+        base = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROPPED_ON_SYNTHETIC]
+        init = json.dumps(
+            {"jsonrpc": "2.0", "id": request_id, "method": "initialize", "params": state.initialize_params}
+        ).encode()
+        init_scope = self._synthetic_scope(scope, "POST", base, init)
+        binding = Binding(session, init_scope, synthetic_streams=frozenset({request_id}))
+        token = bind(binding)
+        try:
+            status, headers, body = await self._call(init_scope, init)
+            local_id = _header(headers, SESSION_HEADER)
+            if status != 200 or local_id is None:
+                logger.info("session %s: the SDK refused to restore it (HTTP %d)", session, status)
+                await _respond(send, (status, headers, body))
                 return None
-            self._local[session] = local
-            logger.info("session %s: restored from cursorlog (SDK session %s, protocol %s)", session, local_id, version)
-            return local
+            result = _result_of(body) or {}
+            version = str(result.get("protocolVersion", ""))
+            note = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
+            note_headers = _with_header(_with_header(base, SESSION_HEADER, local_id), VERSION_HEADER, version)
+            await self._call(self._synthetic_scope(scope, "POST", note_headers, note), note)
+        finally:
+            unbind(token)
+        local = _Local(local_id, init_scope)
+        if binding.owner() != state.owner:
+            logger.warning("session %s: a request with another credential than its creator's; answered 404", session)
+            await self._terminate(session, local)
+            await _respond(send, _not_found())
+            return None
+        self._local[session] = local
+        logger.info("session %s: restored from cursorlog (SDK session %s, protocol %s)", session, local_id, version)
+        return local
 
     @staticmethod
     def _synthetic_scope(scope: Scope, method: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Scope:

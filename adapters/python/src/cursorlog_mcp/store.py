@@ -133,8 +133,26 @@ class CursorlogEventStore(EventStore):
         self._loading: dict[str, asyncio.Lock] = {}
         self._listeners: list[FailureListener] = []
         self._maintainer: asyncio.Task[None] | None = None
-        self.idle_ttl_ms: int | None = None
+        self._idle_ttl_ms: int | None = None
+
+    @property
+    def idle_ttl_ms(self) -> int | None:
         """The server's session idle TTL (from ``GetSession``), once known; 0: no idle expiry."""
+        return self._idle_ttl_ms
+
+    @idle_ttl_ms.setter
+    def idle_ttl_ms(self, value: int | None) -> None:
+        changed, self._idle_ttl_ms = value != self._idle_ttl_ms, value
+        task = self._maintainer
+        if changed and task is not None and not task.done():
+            # Its renewal period depends on the TTL: start it again with the new one.
+            task.cancel()
+            self._maintainer = None
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._ensure_maintainer()
 
     # -- plumbing ------------------------------------------------------------------------------
     @property
@@ -438,13 +456,9 @@ class CursorlogEventStore(EventStore):
         local = self._local_stream(session, last_event_id)
         if local is not None:
             await local.lock.acquire()
-            try:
-                if session.by_stream.get(local.stream) is not local:
-                    local.lock.release()  # finished while we waited: follow it from cursorlog
-                    local = None
-            except BaseException:
-                local.lock.release()
-                raise
+            if session.by_stream.get(local.stream) is not local:
+                local.lock.release()  # finished while we waited: follow it from cursorlog
+                local = None
         if local is None:
             await replayer.follow()
             return None
@@ -487,16 +501,19 @@ class CursorlogEventStore(EventStore):
 
     # -- leases and session renewal ----------------------------------------------------------------
     async def _maintain(self) -> None:
-        interval = self.lease_ms / 3000
+        """Renews, every third of the shorter of the lease and the session idle TTL, the leases of
+        streams with no recent append and the sessions no recent call named."""
         while True:
+            ttl = self.idle_ttl_ms or 0
+            period_ms = min(self.lease_ms, ttl) if ttl > 0 else self.lease_ms
+            interval = period_ms / 3000
             await asyncio.sleep(interval)
             now = time.monotonic()
             calls = []
             for session in list(self._sessions.values()):
                 for stream in list(session.by_stream.values()):
-                    if now - stream.renewed_at >= interval:
+                    if now - stream.renewed_at >= self.lease_ms / 3000:
                         calls.append(self._renew_stream(session, stream, now))
-                ttl = self.idle_ttl_ms or 0
                 if ttl > 0 and now - session.used_at >= ttl / 3000:
                     calls.append(self._renew_session(session, now))
             if calls:
