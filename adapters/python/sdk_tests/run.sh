@@ -23,7 +23,7 @@ bash "$here/fetch.sh" "$python" "$cache" "$SDK_VERSION"
 
 cd "$src"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" -m pytest -p cursorlog_sdk_plugin -p no:cacheprovider -q \
+exec "$python" -m pytest -p cursorlog_sdk_plugin -p no:cacheprovider -q --color=no \
     tests/shared/test_streamable_http.py \
     tests/interaction/transports/test_hosting_resume.py \
     tests/interaction/transports/test_client_transport_http.py

@@ -599,3 +599,24 @@ async def test_an_idle_session_held_here_is_renewed_within_the_idle_ttl(cursorlo
     finally:
         await store.aclose()
         await client.close()
+
+
+async def test_evicted_cursor_of_a_local_stream_is_marked_then_handed_back(
+    root: CursorlogEventStore, client: CursorlogClient
+) -> None:
+    """Resumed where it is produced: the gap marker and the retained rest, then the SDK takes
+    the connection over for the live tail (its priming cursor is the head)."""
+    store = Bound(root)
+    await store.store_event("4", None)
+    e1 = await store.store_event("4", progress(4, 1))
+    for n in (2, 3, 4):
+        last = await store.store_event("4", progress(4, n))
+    await client.trim(store.session_id, stream_of(e1), 3)
+    seen, returned = await replay(store, e1)
+    assert returned == "4"
+    assert isinstance(seen.messages[0], JSONRPCNotification)
+    assert seen.messages[0].params["data"]["lostSeqs"] == [2, 3]  # type: ignore[index]
+    assert seen.ids[1:] == [last]
+    assert await store.store_event("4", None) == last  # the SDK's priming call: the head
+    done = await store.store_event("4", result(4, "ok"))
+    assert done.endswith("-5")
