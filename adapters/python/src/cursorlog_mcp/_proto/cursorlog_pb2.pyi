@@ -202,12 +202,14 @@ class AppendBatchRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ...) -> None: ...
 
 class BatchItem(_message.Message):
-    __slots__ = ("append", "complete")
+    __slots__ = ("append", "complete", "open")
     APPEND_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
     append: AppendRequest
     complete: CompleteRequest
-    def __init__(self, append: _Optional[_Union[AppendRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ...) -> None: ...
+    open: OpenStreamRequest
+    def __init__(self, append: _Optional[_Union[AppendRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ..., open: _Optional[_Union[OpenStreamRequest, _Mapping]] = ...) -> None: ...
 
 class AppendBatchResponse(_message.Message):
     __slots__ = ("results",)
@@ -216,14 +218,16 @@ class AppendBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ...) -> None: ...
 
 class BatchResult(_message.Message):
-    __slots__ = ("appended", "completed", "failure")
+    __slots__ = ("appended", "completed", "failure", "opened")
     APPENDED_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    OPENED_FIELD_NUMBER: _ClassVar[int]
     appended: AppendResponse
     completed: TerminateResponse
     failure: Failure
-    def __init__(self, appended: _Optional[_Union[AppendResponse, _Mapping]] = ..., completed: _Optional[_Union[TerminateResponse, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+    opened: OpenStreamResponse
+    def __init__(self, appended: _Optional[_Union[AppendResponse, _Mapping]] = ..., completed: _Optional[_Union[TerminateResponse, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., opened: _Optional[_Union[OpenStreamResponse, _Mapping]] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("epoch", "stream", "first_seq", "last_seq", "duplicate", "event_ids")
