@@ -1342,3 +1342,46 @@ async fn batches_across_sessions_and_session_state() {
         .await;
     assert_status(r, Code::ResourceExhausted, "batch");
 }
+
+/// `declared_stream = 0` means absent (the proto's convention for ids): it must not turn a
+/// resumable cursor into STREAM_MISMATCH, in Resolve or in Read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_stream_of_zero_is_no_declaration() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
+    append(&mut c, "s", stream, "progress", &[b"a", b"b"]).await;
+    let cursor = format!("{epoch}-{stream}-1");
+    let r = c
+        .resolve(pb::ResolveRequest {
+            session: "s".into(),
+            last_event_id: cursor.clone(),
+            declared_stream: Some(0),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.verdict(), Verdict::Resumable);
+    let all = read_all(
+        &mut c,
+        pb::ReadRequest {
+            declared_stream: Some(0),
+            ..read_request("s", &cursor, false)
+        },
+        READ_TIMEOUT,
+    )
+    .await;
+    assert_eq!(all.resolution.unwrap().verdict(), Verdict::Resumable);
+    assert_contiguous(&all.events, 2, 2);
+    // A real other stream is still a mismatch.
+    let r = c
+        .resolve(pb::ResolveRequest {
+            session: "s".into(),
+            last_event_id: cursor,
+            declared_stream: Some(stream + 1),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.verdict(), Verdict::StreamMismatch);
+}
