@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-
 use crate::codec;
 use crate::error::{Error, IndexError, Result};
 use crate::log::Position;
