@@ -190,6 +190,8 @@ pub struct Terminated {
 pub enum BatchWrite {
     /// An append, as [`crate::Engine::append`].
     Append(Append),
+    /// A new stream, as [`crate::Engine::open_stream`].
+    Open(OpenStream),
     /// A completion, as [`crate::Engine::complete`].
     Complete {
         /// Owning session.
@@ -210,6 +212,8 @@ pub enum BatchWritten {
     Appended(Appended),
     /// The completion was written (or recognised as a retry).
     Completed(Terminated),
+    /// The stream was opened.
+    Opened(StreamInfo),
 }
 
 /// One bounded read.
@@ -282,4 +286,10 @@ pub struct Stats {
     pub appends_refused_low_disk: u64,
     /// Sessions expired after their idle TTL, since open.
     pub sessions_expired_idle: u64,
+    /// Segment files holding an open descriptor (the active one; sealed ones hold none).
+    pub segment_descriptors: u64,
+    /// Streams with at least one live follower.
+    pub followed_streams: u64,
+    /// Bytes of requests in the writer's queue (and its current group).
+    pub writer_queue_bytes: u64,
 }

@@ -87,6 +87,23 @@ impl FileSystem for FailFsyncAfter {
         self.inner.open(path).map(|f| self.wrap(f))
     }
 
+    fn open_read_only(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
+        self.inner.open_read_only(path).map(|f| self.wrap(f))
+    }
+
+    /// The real boot id (16 bytes: the engine's `BOOT_ID_BYTES`, which it does not export).
+    fn boot_id(&self) -> Option<[u8; 16]> {
+        self.inner.boot_id()
+    }
+
+    fn available_bytes(&self, dir: &Path) -> io::Result<u64> {
+        self.inner.available_bytes(dir)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         self.inner.read(path)
     }

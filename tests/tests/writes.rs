@@ -34,6 +34,7 @@ fn outcome(result: &pb::BatchResult) -> Result<u64, Code> {
     match result.result.as_ref().unwrap() {
         Item::Appended(a) => Ok(a.first_seq),
         Item::Completed(t) => Ok(t.terminal_seq),
+        Item::Opened(o) => Ok(o.stream),
         Item::Failure(f) => Err(Code::from_i32(f.code)),
     }
 }
