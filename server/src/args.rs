@@ -55,6 +55,22 @@ pub struct ServeArgs {
     /// Run the background retention pass this often, in milliseconds [default: 10000].
     #[arg(long, env = "CURSORLOG_RETENTION_CHECK_INTERVAL_MS")]
     pub retention_check_interval_ms: Option<u64>,
+    /// Refuse appends (RESOURCE_EXHAUSTED) while the data directory's file system has less
+    /// than this many bytes free; reads, verdicts and retention go on. 0 disables the check
+    /// [default: 256 MiB].
+    #[arg(long, env = "CURSORLOG_DISK_RESERVE_BYTES")]
+    pub disk_reserve_bytes: Option<u64>,
+    /// Memory for the index's page cache, in bytes [default: 64 MiB].
+    #[arg(long, env = "CURSORLOG_INDEX_CACHE_BYTES")]
+    pub index_cache_bytes: Option<u64>,
+    /// Bytes of requests the writer queues before callers wait (back-pressure)
+    /// [default: 64 MiB].
+    #[arg(long, env = "CURSORLOG_WRITER_QUEUE_BYTES_MAX")]
+    pub writer_queue_bytes_max: Option<u64>,
+    /// Most open streams per session; one more OpenStream is RESOURCE_EXHAUSTED
+    /// [default: 1024].
+    #[arg(long, env = "CURSORLOG_OPEN_STREAMS_PER_SESSION_MAX")]
+    pub open_streams_per_session_max: Option<u32>,
     /// Expire a session that no call has named for this many seconds (its open streams are
     /// aborted); 0 never expires idle sessions.
     #[arg(long, env = "CURSORLOG_SESSION_IDLE_TTL_SECS", default_value_t = 3600)]

@@ -205,6 +205,24 @@ impl Metrics {
             "Appends refused because free disk space was below the reserve, since start.",
             stats.appends_refused_low_disk,
         );
+        metric(
+            "cursorlog_segment_descriptors",
+            "gauge",
+            "Segment files holding an open file descriptor.",
+            stats.segment_descriptors,
+        );
+        metric(
+            "cursorlog_followed_streams",
+            "gauge",
+            "Streams with at least one live follower.",
+            stats.followed_streams,
+        );
+        metric(
+            "cursorlog_writer_queue_bytes",
+            "gauge",
+            "Bytes of requests queued for the writer (and in its current group).",
+            stats.writer_queue_bytes,
+        );
         if let Some(free) = stats.disk_free_bytes {
             metric(
                 "cursorlog_disk_free_bytes",

@@ -73,6 +73,18 @@ fn engine_config(args: &ServeArgs) -> Config {
     if let Some(n) = args.batch_events_max {
         config.batch_events_max = n;
     }
+    if let Some(n) = args.disk_reserve_bytes {
+        config.disk_reserve_bytes = n;
+    }
+    if let Some(n) = args.index_cache_bytes {
+        config.index_cache_bytes = n;
+    }
+    if let Some(n) = args.writer_queue_bytes_max {
+        config.writer_queue_bytes_max = n;
+    }
+    if let Some(n) = args.open_streams_per_session_max {
+        config.open_streams_per_session_max = n;
+    }
     config.session_idle_ttl = match args.session_idle_ttl_secs {
         0 => None,
         secs => Some(Duration::from_secs(secs)),
@@ -398,6 +410,23 @@ mod tests {
         assert_eq!(c.retention.metadata_horizon, Duration::from_secs(5));
         assert_eq!(c.sync, cursorlog_engine::SyncPolicy::Never);
         assert_eq!(c.session_idle_ttl, Some(Duration::from_secs(3600)));
+        let defaults = Config::new("x");
+        assert_eq!(c.disk_reserve_bytes, defaults.disk_reserve_bytes);
+        assert_eq!(c.index_cache_bytes, defaults.index_cache_bytes);
+        let c = engine_config(&args(&[
+            "--disk-reserve-bytes",
+            "0",
+            "--index-cache-bytes",
+            "1048576",
+            "--writer-queue-bytes-max",
+            "2097152",
+            "--open-streams-per-session-max",
+            "8",
+        ]));
+        assert_eq!(c.disk_reserve_bytes, 0, "0 disables the reserve");
+        assert_eq!(c.index_cache_bytes, 1 << 20);
+        assert_eq!(c.writer_queue_bytes_max, 2 << 20);
+        assert_eq!(c.open_streams_per_session_max, 8);
         let c = engine_config(&args(&["--session-idle-ttl-secs", "0"]));
         assert_eq!(c.session_idle_ttl, None, "0 never expires idle sessions");
         let c = engine_config(&args(&["--session-idle-ttl-secs", "90"]));

@@ -1,6 +1,7 @@
 //! Failure is visible: a poisoned engine turns health NOT_SERVING, appends UNAVAILABLE,
 //! `cursorlog_poisoned 1`, a log line that says what to do, and a non-zero exit status; a
-//! restart serves everything acknowledged before the fault. Logs carry no colour codes when
+//! restart serves everything acknowledged before the fault. A disk below its free-space
+//! reserve is an answer (RESOURCE_EXHAUSTED), not a failure. Logs carry no colour codes when
 //! stderr is not a terminal, and come as JSON with `--log-format json`.
 
 #![allow(clippy::unwrap_used)]
@@ -175,6 +176,106 @@ async fn a_failed_fsync_is_visible_and_a_restart_serves_everything_acknowledged(
         })
         .await;
     assert!(r.is_ok(), "{r:?}");
+}
+
+/// With free space below `--disk-reserve-bytes` every write that needs space is refused
+/// with RESOURCE_EXHAUSTED (unary, streaming and batch alike) while reads and verdicts go
+/// on; the server stays healthy and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_disk_reserve_writes_are_resource_exhausted_and_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_in(dir.path(), &[]);
+    let mut c = server.client().await;
+    let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
+    cursorlog_tests::append(&mut c, "s", stream, "progress", &[b"1", b"2"]).await;
+    assert!(server.terminate().success());
+    drop(server);
+
+    // No file system has 2^64 - 1 bytes free.
+    let mut server = Server::start_with(Start {
+        data_dir: Some(dir.path()),
+        args: &[
+            "--disk-reserve-bytes",
+            "18446744073709551615",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        ..Start::default()
+    });
+    let mut c = server.client().await;
+    let append = |events: &[u8]| pb::AppendRequest {
+        session: "s".into(),
+        stream,
+        expected_next_seq: None,
+        events: vec![event("progress", events)],
+    };
+    let status = c.append(append(b"3")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("reserve"), "{status:?}");
+    let status = c
+        .open_session(pb::OpenSessionRequest {
+            session: "new".into(),
+            state: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let batch = c
+        .append_batch(pb::AppendBatchRequest {
+            items: vec![pb::BatchItem {
+                item: Some(pb::batch_item::Item::Append(append(b"4"))),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(pb::batch_result::Result::Failure(f)) = &batch.results[0].result else {
+        panic!("{batch:?}");
+    };
+    assert_eq!(f.code, Code::ResourceExhausted as i32);
+    let mut answers = c
+        .append_stream(tokio_stream::iter(vec![append(b"5")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = tokio::time::timeout(TIMEOUT, answers.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let Some(pb::append_result::Result::Failure(f)) = answer.result else {
+        panic!("{answer:?}");
+    };
+    assert_eq!(f.code, Code::ResourceExhausted as i32);
+
+    // Reads and verdicts go on; nothing refused was written; the server is healthy.
+    let all = read_all(
+        &mut c,
+        read_request("s", &format!("{epoch}-{stream}-0"), false),
+        TIMEOUT,
+    )
+    .await;
+    assert_contiguous(&all.events, 1, 2);
+    let r = resolve(&mut c, "s", &format!("{epoch}-{stream}-2"), None).await;
+    assert_eq!(r.verdict(), pb::Verdict::Resumable);
+    assert_eq!(
+        health(&server.channel().await, "").await,
+        ServingStatus::Serving
+    );
+    let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    assert!(!stats.poisoned);
+    assert!(stats.appends_refused_low_disk >= 4, "{stats:?}");
+    let metrics_addr = server.metrics_addr.unwrap();
+    let page = tokio::task::spawn_blocking(move || http_get(metrics_addr, &[]))
+        .await
+        .unwrap();
+    assert!(metric(&page, "cursorlog_appends_refused_low_disk_total").unwrap() >= 4);
+    assert!(
+        metric(&page, "cursorlog_disk_free_bytes").is_some(),
+        "{page}"
+    );
+    assert_eq!(metric(&page, "cursorlog_poisoned"), Some(0));
+    assert!(server.terminate().success(), "{}", server.logs());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
