@@ -182,6 +182,68 @@ async fn the_session_idle_ttl_flag_is_reported_by_get_session() {
     }
 }
 
+/// Waits (with a deadline) until the server has expired `n` idle sessions. `Stats` names no
+/// session, so asking does not renew any.
+async fn wait_expired_idle(c: &mut CursorLogClient<Channel>, n: u64) {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut ticks = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+        if stats.sessions_expired_idle >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{n} idle sessions never expired");
+        ticks.tick().await;
+    }
+}
+
+/// `--session-idle-ttl-secs` reaches the engine: a session nobody names expires (its open
+/// stream is aborted), while one with an open follower outlives several TTLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_expire_and_a_follower_keeps_its_session_alive() {
+    let server = Server::start(&["--session-idle-ttl-secs", "1"]);
+    let mut c = server.client().await;
+    let (epoch, followed) = open_stream(&mut c, "followed", None, None).await;
+    let mut follower = c
+        .read(read_request(
+            "followed",
+            &format!("{epoch}-{followed}-0"),
+            true,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    follower.message().await.unwrap().unwrap(); // the resolution: following now
+    let (_, idle) = open_stream(&mut c, "idle", None, None).await;
+    wait_expired_idle(&mut c, 1).await;
+    // A second idle session, opened after the first expired: once it has expired too, the
+    // followed session has been idle for more than two TTLs.
+    c.open_session(open_session_request("idle-2"))
+        .await
+        .unwrap();
+    wait_expired_idle(&mut c, 2).await;
+
+    // The engine counts an expiry when it plans it, before it is applied: an append queued
+    // after it is acknowledged only once the expiries before it are applied.
+    append(&mut c, "followed", followed, "progress", &[b"still here"]).await;
+    for session in ["idle", "idle-2"] {
+        let view = get_session(&mut c, session).await.unwrap();
+        assert!(view.expired, "{session}: {view:?}");
+    }
+    let r = resolve(&mut c, "idle", &format!("1-{idle}-0"), None).await;
+    assert_eq!(r.verdict(), Verdict::UnknownSession);
+    assert!(r.session_expired);
+    let view = get_session(&mut c, "followed").await.unwrap();
+    assert!(!view.expired, "a followed session must not expire");
+    let m = tokio::time::timeout(TIMEOUT, follower.message())
+        .await
+        .unwrap();
+    let Some(pb::read_response::Item::Events(batch)) = m.unwrap().unwrap().item else {
+        panic!("the follower gets the event");
+    };
+    assert_eq!(&batch.events[0].payload[..], b"still here");
+}
+
 /// An expired session id is refused while the expiry is remembered; once retention has
 /// carried its records past the metadata horizon it is forgotten, and `OpenSession` with
 /// that id creates a new session in which the old cursors are UNKNOWN_CURSOR.
