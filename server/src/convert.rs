@@ -263,7 +263,11 @@ pub fn outcome(outcome: Option<engine::Outcome>) -> pb::GetOutcomeResponse {
 }
 
 /// Engine statistics plus the server's live follower and Read call counts.
-pub fn stats(s: &engine::Stats, active_followers: u64, active_reads: u64) -> pb::StatsResponse {
+pub fn stats(
+    s: &engine::Stats,
+    active_followers: u64,
+    reads: &crate::read_slots::ReadSlots,
+) -> pb::StatsResponse {
     pb::StatsResponse {
         sessions: s.sessions,
         streams: s.streams,
@@ -284,7 +288,8 @@ pub fn stats(s: &engine::Stats, active_followers: u64, active_reads: u64) -> pb:
         disk_free_bytes: s.disk_free_bytes.unwrap_or(0),
         appends_refused_low_disk: s.appends_refused_low_disk,
         sessions_expired_idle: s.sessions_expired_idle,
-        active_reads,
+        active_reads: reads.active(),
+        read_calls_refused: reads.refused(),
     }
 }
 

@@ -436,7 +436,7 @@ impl CursorLog for CursorLogService {
         Ok(Response::new(convert::stats(
             &stats,
             self.metrics.active_followers(),
-            self.metrics.reads.active(),
+            &self.metrics.reads,
         )))
     }
 }

@@ -96,6 +96,11 @@ async fn a_read_over_the_cap_is_refused_at_once_and_a_freed_slot_is_reused() {
         .unwrap();
     assert_eq!(metric(&page, "cursorlog_active_reads"), Some(3), "{page}");
     assert_eq!(metric(&page, "cursorlog_read_calls_refused_total"), Some(3));
+    assert_eq!(
+        stats(&mut c).await.read_calls_refused,
+        3,
+        "Stats counts them too"
+    );
     assert_eq!(metric(&page, "cursorlog_read_calls_max"), Some(3));
 
     // A follower that goes away frees its slot; the next Read is admitted.

@@ -49,6 +49,8 @@ enum Effect {
     SessionGone(String),
     /// A stream reached a terminal state: its lease ends.
     StreamEnded(u64),
+    /// A session was expired by its idle TTL (counted once it is durable).
+    ExpiredIdle,
 }
 
 /// The writer thread's own state.
@@ -403,6 +405,12 @@ impl Writer {
                 Effect::SessionLive(s) => self.shared.activity.insert(&s, now),
                 Effect::SessionGone(s) => self.shared.activity.remove(&s),
                 Effect::StreamEnded(id) => self.shared.leases.remove(id),
+                Effect::ExpiredIdle => {
+                    self.shared
+                        .counters
+                        .sessions_expired_idle
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }

@@ -134,10 +134,7 @@ impl Writer {
                 }
                 self.emit(records, txn, buf)?;
                 if idle_ms.is_some() {
-                    self.shared
-                        .counters
-                        .sessions_expired_idle
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.effects.push(super::Effect::ExpiredIdle);
                 }
                 Ok(Reply::Expired(SessionExpired { aborted }))
             }
