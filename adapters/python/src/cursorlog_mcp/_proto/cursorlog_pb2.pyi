@@ -458,7 +458,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "streams", "segments", "log_bytes", "last_lsn", "events_appended", "payload_bytes_appended", "fsyncs", "commit_batches", "records_written", "segments_deleted", "recovery_micros", "active_followers", "live_sessions", "open_streams", "poisoned", "disk_free_bytes", "appends_refused_low_disk", "sessions_expired_idle", "active_reads")
+    __slots__ = ("sessions", "streams", "segments", "log_bytes", "last_lsn", "events_appended", "payload_bytes_appended", "fsyncs", "commit_batches", "records_written", "segments_deleted", "recovery_micros", "active_followers", "live_sessions", "open_streams", "poisoned", "disk_free_bytes", "appends_refused_low_disk", "sessions_expired_idle", "active_reads", "read_calls_refused")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -479,6 +479,7 @@ class StatsResponse(_message.Message):
     APPENDS_REFUSED_LOW_DISK_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_EXPIRED_IDLE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_READS_FIELD_NUMBER: _ClassVar[int]
+    READ_CALLS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     streams: int
     segments: int
@@ -499,4 +500,5 @@ class StatsResponse(_message.Message):
     appends_refused_low_disk: int
     sessions_expired_idle: int
     active_reads: int
-    def __init__(self, sessions: _Optional[int] = ..., streams: _Optional[int] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., last_lsn: _Optional[int] = ..., events_appended: _Optional[int] = ..., payload_bytes_appended: _Optional[int] = ..., fsyncs: _Optional[int] = ..., commit_batches: _Optional[int] = ..., records_written: _Optional[int] = ..., segments_deleted: _Optional[int] = ..., recovery_micros: _Optional[int] = ..., active_followers: _Optional[int] = ..., live_sessions: _Optional[int] = ..., open_streams: _Optional[int] = ..., poisoned: bool = ..., disk_free_bytes: _Optional[int] = ..., appends_refused_low_disk: _Optional[int] = ..., sessions_expired_idle: _Optional[int] = ..., active_reads: _Optional[int] = ...) -> None: ...
+    read_calls_refused: int
+    def __init__(self, sessions: _Optional[int] = ..., streams: _Optional[int] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., last_lsn: _Optional[int] = ..., events_appended: _Optional[int] = ..., payload_bytes_appended: _Optional[int] = ..., fsyncs: _Optional[int] = ..., commit_batches: _Optional[int] = ..., records_written: _Optional[int] = ..., segments_deleted: _Optional[int] = ..., recovery_micros: _Optional[int] = ..., active_followers: _Optional[int] = ..., live_sessions: _Optional[int] = ..., open_streams: _Optional[int] = ..., poisoned: bool = ..., disk_free_bytes: _Optional[int] = ..., appends_refused_low_disk: _Optional[int] = ..., sessions_expired_idle: _Optional[int] = ..., active_reads: _Optional[int] = ..., read_calls_refused: _Optional[int] = ...) -> None: ...
