@@ -205,12 +205,15 @@ fn rewrite_head(bytes: &[u8], state: &ProxyState) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// `(level, logger, data)` of a `notifications/message`.
+pub type LogMessage = (String, Option<String>, serde_json::Value);
+
 /// An rmcp client handler that records progress messages and `notifications/message` logs.
 #[derive(Debug, Clone, Default)]
 pub struct Recorder {
     pub progress: Arc<Mutex<Vec<String>>>,
-    /// `(level, logger, data)` of each log message.
-    pub logs: Arc<Mutex<Vec<(String, Option<String>, serde_json::Value)>>>,
+    /// Each `notifications/message` log message.
+    pub logs: Arc<Mutex<Vec<LogMessage>>>,
 }
 
 impl ClientHandler for Recorder {
