@@ -269,3 +269,82 @@ fn outcome(op: &'static str, result: pb::BatchResult) -> Result<Written> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::fake::{self, Fake};
+
+    fn append(stream: u64, seq: u64) -> Write {
+        Write::Append(pb::AppendRequest {
+            session: "s".into(),
+            stream,
+            expected_next_seq: Some(seq),
+            events: vec![pb::NewEvent {
+                kind: "notification".into(),
+                correlation: None,
+                payload: b"{}".to_vec(),
+            }],
+        })
+    }
+
+    fn config(retries: u32) -> BatchConfig {
+        BatchConfig {
+            retries,
+            ..BatchConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_failed_in_transit_is_retried_and_each_write_gets_its_answer() {
+        let fake = Arc::new(Fake::default());
+        fake.batch_failures.store(2, Ordering::SeqCst);
+        let appender = Appender::spawn(fake::start(fake.clone()).await, config(3));
+        let Written::Appended(a) = appender.write(append(7, 3)).await.unwrap() else {
+            panic!("an append is answered as one")
+        };
+        assert_eq!(a.event_ids, ["1-7-3"]);
+        assert_eq!(fake.batch_calls.load(Ordering::SeqCst), 3);
+        assert_eq!(appender.stats().retries, 2);
+        assert_eq!((appender.stats().calls, appender.stats().items), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn after_the_retries_a_write_fails_with_the_calls_status() {
+        let fake = Arc::new(Fake::default());
+        fake.batch_failures.store(10, Ordering::SeqCst);
+        let appender = Appender::spawn(fake::start(fake.clone()).await, config(2));
+        let err = appender.write(append(7, 1)).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Rpc { op: "Append", status } if status.code() == Code::Unavailable),
+            "{err}"
+        );
+        assert_eq!(
+            fake.batch_calls.load(Ordering::SeqCst),
+            3,
+            "1 call + 2 retries"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_item_fails_alone_and_is_not_retried() {
+        let fake = Arc::new(Fake::default());
+        *fake.refused_stream.lock().unwrap() = Some(9);
+        let appender = Appender::spawn(
+            fake::start(fake.clone()).await,
+            BatchConfig {
+                max_in_flight: 1,
+                ..config(3)
+            },
+        );
+        let (refused, fine) =
+            tokio::join!(appender.write(append(9, 1)), appender.write(append(8, 1)));
+        let err = refused.unwrap_err();
+        assert_eq!(err.code(), Some(Code::FailedPrecondition), "{err}");
+        assert!(err.to_string().contains("stream 9 is terminated"), "{err}");
+        assert!(matches!(fine.unwrap(), Written::Appended(a) if a.stream == 8));
+        assert_eq!(appender.stats().retries, 0);
+    }
+}

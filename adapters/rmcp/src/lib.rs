@@ -27,6 +27,8 @@ pub mod appender;
 pub mod error;
 pub mod event_id;
 mod facts;
+#[cfg(test)]
+mod fake;
 pub mod replay;
 pub mod session;
 pub mod session_store;
@@ -121,6 +123,20 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// A `Shared` with default settings on `client`, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(client: Client) -> Arc<Self> {
+        Arc::new(Self {
+            appender: appender::Appender::spawn(client.clone(), BatchConfig::default()),
+            client,
+            lease: None,
+            sse_retry: Duration::from_secs(3),
+            on_evicted: OnEvicted::default(),
+            closers: replay::Closers::default(),
+            idle_ttl: tokio::sync::OnceCell::new(),
+        })
+    }
+
     /// cursorlog's session idle TTL (`None`: sessions do not expire when idle), asked once
     /// (with `GetSession` on `session`) and remembered; `None` too when it cannot be asked.
     pub(crate) async fn session_idle_ttl(&self, session: &str) -> Option<Duration> {

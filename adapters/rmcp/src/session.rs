@@ -313,3 +313,59 @@ async fn keep_session_alive(shared: Arc<Shared>, session: String) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::fake::{self, Fake};
+
+    /// A session this replica serves is renewed every third of cursorlog's idle TTL with a
+    /// session-only KeepAlive, so a client that is connected but idle keeps its session.
+    #[tokio::test]
+    async fn a_served_session_is_renewed_within_the_idle_ttl() {
+        let fake = Arc::new(Fake {
+            idle_ttl_ms: 300,
+            ..Fake::default()
+        });
+        let shared = Shared::for_tests(fake::start(fake.clone()).await);
+        let renewal = AbortOnDrop(tokio::spawn(keep_session_alive(shared, "s1".into())));
+        let started = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let changed = fake.changed.notified();
+                if fake.keepalives.lock().unwrap().len() >= 3 {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .expect("three renewals");
+        // Three renewals, each due a third of the TTL after the last: well inside the TTL
+        // apart, and only for the session (stream 0).
+        assert!(started.elapsed() < Duration::from_millis(300 * 3));
+        assert!(fake
+            .keepalives
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(s, stream)| s == "s1" && *stream == 0));
+        drop(renewal);
+    }
+
+    /// Without an idle TTL (cursorlog's default today), nothing is sent.
+    #[tokio::test]
+    async fn without_an_idle_ttl_nothing_is_renewed() {
+        let fake = Arc::new(Fake::default());
+        let shared = Shared::for_tests(fake::start(fake.clone()).await);
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            keep_session_alive(shared, "s1".into()),
+        )
+        .await
+        .expect("the renewal task ends at once when sessions never expire");
+        assert!(fake.keepalives.lock().unwrap().is_empty());
+    }
+}

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use futures::{FutureExt, StreamExt};
 use rmcp::transport::streamable_http_server::session::SessionManager;
-use support::{drain, emit, outcome, pb, result_text, Emitter, Fixture, WAIT};
+use support::{drain, emit, emit_held, outcome, pb, result_text, Emitter, Fixture, WAIT};
 
 /// rmcp's default per-stream channel capacity: a response stream nobody reads holds the
 /// priming event and 15 more before the session's worker blocks.
@@ -325,4 +325,76 @@ async fn a_store_that_cannot_store_fails_the_send_and_sends_nothing_without_an_i
         buffered <= sent - 3,
         "{buffered} events after the 3 read, {sent} stored in all"
     );
+}
+
+/// rmcp's `close_sse_stream` (SEP-1699 polling) on a request stream also closes the
+/// connections resumed from cursorlog on this replica: each ends with a priming event that
+/// carries its own position and the retry hint, so the client resumes from exactly there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_stream_closes_its_resumed_connections_at_their_own_position() {
+    let fx = Fixture::start(|_| {});
+    let handler = Emitter::default();
+    let id = fx.session(handler.clone()).await;
+    let mut first = Box::pin(
+        fx.manager
+            .create_stream(&id, emit_held(1, 2, "c"))
+            .await
+            .unwrap(),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let event = tokio::time::timeout(WAIT, first.next())
+            .await
+            .unwrap()
+            .unwrap();
+        ids.push(event.event_id.unwrap());
+    }
+    // The client resumes from the first progress notification on a new connection.
+    let mut resumed = Box::pin(fx.manager.resume(&id, ids[1].clone()).await.unwrap());
+    let priming = tokio::time::timeout(WAIT, resumed.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(priming.event_id.as_deref(), Some(ids[1].as_str()));
+    assert!(priming.message.is_none() && priming.retry.is_some());
+    let second = tokio::time::timeout(WAIT, resumed.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.event_id.as_deref(), Some(ids[2].as_str()));
+
+    // The server closes the call's stream (its first request stream: rmcp's id 0).
+    let handle = fx.manager.session_handle(&id).await.unwrap();
+    handle
+        .close_sse_stream(0, Some(std::time::Duration::from_secs(7)))
+        .await
+        .unwrap();
+    let close = tokio::time::timeout(WAIT, resumed.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        close.event_id.as_deref(),
+        Some(ids[2].as_str()),
+        "its own position"
+    );
+    assert_eq!(close.retry, Some(std::time::Duration::from_secs(7)));
+    assert!(close.message.is_none());
+    assert!(
+        tokio::time::timeout(WAIT, resumed.next())
+            .await
+            .unwrap()
+            .is_none(),
+        "the resumed connection ended"
+    );
+
+    // The call itself goes on and finishes.
+    handler.release.notify_one();
+    tokio::time::timeout(WAIT, async {
+        while outcome(&fx, &id, 1).await.and_then(|o| o.frame).is_none() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the call's result is stored");
 }

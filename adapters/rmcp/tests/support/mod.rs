@@ -36,6 +36,8 @@ pub struct Emitter {
     pub sent: Arc<AtomicUsize>,
     pub failed: Arc<AtomicUsize>,
     pub changed: Arc<Notify>,
+    /// A call with `"hold": true` waits for this before returning its result.
+    pub release: Arc<Notify>,
 }
 
 impl Emitter {
@@ -98,6 +100,9 @@ impl ServerHandler for Emitter {
             }
             self.changed.notify_waiters();
         }
+        if args.get("hold").and_then(serde_json::Value::as_bool) == Some(true) {
+            self.release.notified().await;
+        }
         Ok(CallToolResult::success(vec![ContentBlock::text(format!("done {tag}"))]).into())
     }
 }
@@ -157,6 +162,16 @@ pub fn emit(id: i64, n: u64, tag: &str) -> ClientJsonRpcMessage {
     serde_json::from_value(json!({
         "jsonrpc": "2.0", "id": id, "method": "tools/call",
         "params": {"name": "emit", "arguments": {"n": n, "tag": tag},
+                   "_meta": {"progressToken": format!("{tag}-progress")}}
+    }))
+    .unwrap()
+}
+
+/// `emit` that waits for [`Emitter::release`] before returning.
+pub fn emit_held(id: i64, n: u64, tag: &str) -> ClientJsonRpcMessage {
+    serde_json::from_value(json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "emit", "arguments": {"n": n, "tag": tag, "hold": true},
                    "_meta": {"progressToken": format!("{tag}-progress")}}
     }))
     .unwrap()
