@@ -1,4 +1,4 @@
-//! [`Appender`]: funnels the appends and completions of every session this replica serves
+//! The appender: funnels the appends and completions of every session this replica serves
 //! into shared `AppendBatch` calls (Kafka-producer style), each caller still awaiting its own
 //! durable event id.
 //!

@@ -16,7 +16,7 @@
 //!
 //! A session's worker ending (idle timeout, shutdown) forgets it here only: the session stays
 //! alive in cursorlog, so the client resumes it on any replica. A client's `DELETE` expires it
-//! in cursorlog through [`crate::CursorlogSessionStore::delete`].
+//! in cursorlog through [`crate::CursorlogSessionStore`]'s `delete`.
 
 use std::collections::HashMap;
 use std::sync::Arc;

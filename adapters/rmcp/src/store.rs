@@ -9,7 +9,7 @@
 //! - a request stream (rmcp names it with a fresh uuid) is opened with the JSON-RPC request id
 //!   as its correlation and a producer lease that this process renews while it lives, so a
 //!   replica that dies mid-call leaves an ABORTED stream, not a silent one. The request id
-//!   comes from the session manager, which declares it ([`SessionEventStore::expect_stream`])
+//!   comes from the session manager, which declares it (`SessionEventStore::expect_stream`)
 //!   while rmcp creates the stream and stores its priming event;
 //! - the standalone GET stream (`{session}:common`) gets one lease-less stream per replica.
 //!
@@ -17,7 +17,7 @@
 //! new stream; the last event written when rmcp closes a connection with a retry hint, in
 //! which case the connections resumed on this replica are closed the same way). The JSON-RPC
 //! response (or error) to the stream's own request is the terminal frame (`Complete`);
-//! everything else is an append. Writes go through the shared [`crate::appender::Appender`]
+//! everything else is an append. Writes go through the shared appender (see [`crate::appender`])
 //! and every id is returned only once cursorlog has made the write durable, as rmcp's trait
 //! requires; a write that fails is an error, never an id-less event.
 
