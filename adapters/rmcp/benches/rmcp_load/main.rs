@@ -308,9 +308,12 @@ struct RoundResult {
     events: u64,
     seconds: f64,
     hist: Histogram<u64>,
+    /// CPU seconds this process (front-ends and clients) used during the round.
+    cpu: f64,
 }
 
 async fn round(http: &reqwest::Client, side: &Side, n: u64, round_no: u64) -> RoundResult {
+    let cpu_before = cpu_seconds("/proc/self/stat");
     let started = Instant::now();
     let calls = side.sessions.iter().enumerate().map(|(i, session)| {
         let id = round_no * 1_000_000 + i as u64 + 1;
@@ -328,6 +331,7 @@ async fn round(http: &reqwest::Client, side: &Side, n: u64, round_no: u64) -> Ro
         events,
         seconds,
         hist,
+        cpu: cpu_seconds("/proc/self/stat") - cpu_before,
     }
 }
 
@@ -454,6 +458,16 @@ async fn main() {
         _redis_proc.cpu_seconds() - cpu_at_start.1,
         cpu_seconds("/proc/self/stat") - cpu_at_start.2,
     );
+    for (side, rs) in sides.iter().zip(&results) {
+        let cpu: f64 = rs.iter().map(|r| r.cpu).sum();
+        let events: u64 = rs.iter().map(|r| r.events).sum();
+        println!(
+            "{}: this process used {:.2} CPU s in its rounds, {:.1} µs per event",
+            side.name,
+            cpu,
+            cpu * 1e6 / events as f64
+        );
+    }
     let stats = c_manager.append_stats();
     println!(
         "cursorlog adapter: {} AppendBatch calls for {} writes ({:.1} per call), {} retries",
