@@ -59,6 +59,9 @@ struct Args {
     /// The adapter's `BatchConfig::max_in_flight`.
     #[arg(long, default_value_t = BatchConfig::default().max_in_flight)]
     max_in_flight: usize,
+    /// Open request streams without a producer lease (`AdapterConfig::lease = None`).
+    #[arg(long)]
+    no_lease: bool,
     /// cargo bench passes `--bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -360,6 +363,9 @@ async fn main() {
         .expect("connect");
     let mut adapter = AdapterConfig::default();
     adapter.batch.max_in_flight = args.max_in_flight;
+    if args.no_lease {
+        adapter.lease = None;
+    }
     let c_manager = Arc::new(cursorlog.session_manager(adapter));
     let c_service = StreamableHttpService::new(
         || Ok(Burst),
@@ -395,8 +401,12 @@ async fn main() {
         });
     }
     println!(
-        "rmcp_load: {} concurrent calls x ({} progress + 1 result), {} rounds per side, max_in_flight {}",
-        args.calls, args.events, args.rounds, args.max_in_flight
+        "rmcp_load: {} concurrent calls x ({} progress + 1 result), {} rounds per side, max_in_flight {}, leases {}",
+        args.calls,
+        args.events,
+        args.rounds,
+        args.max_in_flight,
+        if args.no_lease { "off" } else { "on" }
     );
     for side in &sides {
         let _ = round(&http, side, args.events, 0).await; // warm-up
