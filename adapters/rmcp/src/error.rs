@@ -1,6 +1,8 @@
 //! The adapter's typed errors.
 
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManagerError;
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManagerError, SessionError,
+};
 
 /// What went wrong talking to cursorlog on behalf of rmcp.
 #[derive(Debug, thiserror::Error)]
@@ -24,17 +26,40 @@ pub enum Error {
         /// The gRPC status cursorlog (or the transport) answered.
         status: tonic::Status,
     },
-    /// rmcp stored an event for a request stream this adapter was not told about. It happens
-    /// when the event store is used without [`crate::CursorlogSessionManager`], or with SSE
-    /// priming turned off (`SessionConfig::sse_retry = None`), because the session manager
-    /// binds each new stream to its session and request while rmcp stores the priming event.
+    /// rmcp stored an event for a request stream whose request the session manager did not
+    /// declare: a stream created other than through [`crate::CursorlogSessionManager`]'s
+    /// `create_stream`, or an event of a request stream this store has already finished.
+    /// Refused rather than guessed.
     #[error(
-        "rmcp stream {stream_id} is not bound to an MCP session: use CursorlogSessionManager \
-         (not LocalSessionManager::with_event_store) and keep SSE priming on"
+        "rmcp stream {stream_id} is not a request stream this session is creating or writing: \
+         create streams through CursorlogSessionManager"
     )]
     UnboundStream {
         /// rmcp's stream id.
         stream_id: String,
+    },
+    /// A session's store was asked to write another session's standalone stream.
+    #[error("rmcp stream {stream_id} is not a stream of session {session}")]
+    ForeignStream {
+        /// rmcp's stream id.
+        stream_id: String,
+        /// The session of the store that refused it.
+        session: String,
+    },
+    /// A stateless stream was resumed with an id that is not a stateless stream's.
+    #[error("Last-Event-ID {0} is not an event id of a stateless stream")]
+    NotStateless(String),
+    /// The session is not served by this replica (rmcp restores it first when it can).
+    #[error("session {0} is not served by this replica")]
+    SessionNotFound(String),
+    /// A session's stored state is not rmcp's `SessionState` JSON.
+    #[error("the stored state of session {session} is not rmcp session state: {source}")]
+    SessionState {
+        /// The session.
+        session: String,
+        /// Why it does not decode.
+        #[source]
+        source: serde_json::Error,
     },
     /// A JSON-RPC message could not be encoded, or a stored payload decoded.
     #[error("JSON-RPC payload: {0}")]
@@ -48,6 +73,9 @@ pub enum Error {
     /// The in-process rmcp session manager failed.
     #[error(transparent)]
     Local(#[from] LocalSessionManagerError),
+    /// The in-process rmcp session worker failed.
+    #[error(transparent)]
+    Session(#[from] SessionError),
 }
 
 impl Error {

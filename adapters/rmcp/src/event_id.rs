@@ -4,8 +4,10 @@
 //! Text form: `{epoch}-{stream}-{seq}` for the standalone (GET) stream, and
 //! `{epoch}-{stream}-{seq}.{request}` for a request's stream, where `{request}` is `n` and
 //! the decimal number for a numeric request id, or `s` and the unpadded base64url of the
-//! UTF-8 text for a string id. Every byte is visible ASCII, so the id is a valid SSE `id:`
-//! field and `Last-Event-ID` header.
+//! UTF-8 text for a string id. A stateless (2026-07-28) stream has no MCP session, so its ids
+//! carry the unguessable name of the cursorlog session it lives in instead:
+//! `{epoch}-{stream}-{seq}~{token}` (see [`crate::stateless`]). Every byte is visible ASCII,
+//! so the id is a valid SSE `id:` field and `Last-Event-ID` header.
 //!
 //! Why the request id rides along: rmcp's client matches a resumed stream's response to the
 //! pending call by its JSON-RPC id. cursorlog tells the adapter the request id of any stream
@@ -25,31 +27,49 @@ pub struct EventId {
     pub cursor: String,
     /// The JSON-RPC request id the client claims the stream answers, if the id carries one.
     pub request: Option<RequestId>,
+    /// The stateless stream's token, for a stateless stream's id.
+    pub token: Option<String>,
 }
 
 impl EventId {
     /// Splits a `Last-Event-ID`. Never fails: a suffix that does not decode is dropped, and the
     /// cursor part is left for cursorlog to call malformed.
     pub fn parse(text: &str) -> Self {
+        if let Some((cursor, token)) = text.split_once('~') {
+            return Self {
+                cursor: cursor.to_owned(),
+                request: None,
+                token: Some(token.to_owned()),
+            };
+        }
         match text.split_once('.') {
             Some((cursor, request)) => Self {
                 cursor: cursor.to_owned(),
                 request: decode_request(request),
+                token: None,
             },
             None => Self {
                 cursor: text.to_owned(),
                 request: None,
+                token: None,
             },
         }
     }
 }
 
+/// The suffix after a cursor in the ids of a stream answering `request` (empty for none).
+pub(crate) fn request_suffix(request: Option<&RequestId>) -> String {
+    request.map_or_else(String::new, |r| format!(".{}", encode_request(r)))
+}
+
+/// The suffix after a cursor in the ids of the stateless stream `token`.
+pub(crate) fn token_suffix(token: &str) -> String {
+    format!("~{token}")
+}
+
 /// The event id for `cursor` in a stream answering `request`.
 pub fn format(cursor: &str, request: Option<&RequestId>) -> String {
-    match request {
-        Some(r) => format!("{cursor}.{}", encode_request(r)),
-        None => cursor.to_owned(),
-    }
+    format!("{cursor}{}", request_suffix(request))
 }
 
 /// The correlation text stored in cursorlog for a request id: its JSON form (`7`, `"abc"`),
@@ -108,12 +128,22 @@ mod tests {
             EventId::parse("1-2-3"),
             EventId {
                 cursor: "1-2-3".into(),
-                request: None
+                request: None,
+                token: None,
             }
         );
         let bad = EventId::parse("1-2-3.x!!");
         assert_eq!((bad.cursor.as_str(), bad.request), ("1-2-3", None));
         let junk = EventId::parse("not a cursor");
         assert_eq!(junk.cursor, "not a cursor");
+    }
+
+    #[test]
+    fn stateless_ids_carry_their_token() {
+        let text = format!("1-9-2{}", token_suffix("0123abcd"));
+        let parsed = EventId::parse(&text);
+        assert_eq!(parsed.cursor, "1-9-2");
+        assert_eq!(parsed.token.as_deref(), Some("0123abcd"));
+        assert_eq!(parsed.request, None);
     }
 }

@@ -18,27 +18,40 @@
 //! # let _ = service; Ok(()) }
 //! ```
 //!
-//! Module map: [`event_id`] (the ids clients see), [`store`] (rmcp stream → cursorlog stream),
-//! [`replay`] (verdict → what the client gets), [`session`] (session binding and restore).
+//! Module map: [`session`] (one rmcp worker and one event store per session), [`store`] (rmcp
+//! stream → cursorlog stream), [`appender`] (all sessions' writes in shared batches),
+//! [`replay`] (verdict → what the client gets), [`session_store`] (restore on any replica),
+//! [`event_id`] (the ids clients see).
 
+pub mod appender;
 pub mod error;
 pub mod event_id;
+mod facts;
+#[cfg(test)]
+mod fake;
 pub mod replay;
 pub mod session;
+pub mod session_store;
+pub mod stateless;
 pub mod store;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
-use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
+use rmcp::transport::streamable_http_server::session::local::SessionConfig;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::{Channel, Endpoint};
 
+pub use appender::{AppendStats, BatchConfig};
 pub use error::{Error, Result};
-pub use replay::{PRODUCER_ABORTED, RESUME_DISCONTINUITY};
-pub use session::{CursorlogSessionManager, CursorlogSessionStore};
-pub use store::CursorlogEventStore;
+pub use replay::{OnEvicted, GAP_LOGGER, PRODUCER_ABORTED, RESUME_DISCONTINUITY};
+pub use session::CursorlogSessionManager;
+pub use session_store::CursorlogSessionStore;
+pub use stateless::StatelessEventStore;
+pub use store::SessionEventStore;
 
 /// The gRPC client the adapter uses (cheap to clone: one HTTP/2 channel).
 pub(crate) type Client = CursorLogClient<InterceptedService<Channel, BearerToken>>;
@@ -74,9 +87,15 @@ pub struct AdapterConfig {
     /// waiting forever. `None` disables leases (a dead replica's streams then stay open).
     pub lease: Option<Duration>,
     /// rmcp's per-session settings. SSE priming (`sse_retry`) is forced on: the adapter binds
-    /// each request stream to its session while rmcp stores the priming event, and priming
-    /// gives the client a resumable id before the first real event.
+    /// each request stream to its request while rmcp stores the priming event, and priming
+    /// gives the client a resumable id before the first real event. `sse_retry` is also the
+    /// retry hint of resumed connections.
     pub session: SessionConfig,
+    /// How appends from all sessions are coalesced into shared `AppendBatch` calls.
+    pub batch: BatchConfig,
+    /// What a client resuming from an evicted cursor gets (default: a visible gap marker,
+    /// then the rest of the stream).
+    pub on_evicted: OnEvicted,
 }
 
 impl Default for AdapterConfig {
@@ -84,7 +103,65 @@ impl Default for AdapterConfig {
         Self {
             lease: Some(Duration::from_secs(10)),
             session: SessionConfig::default(),
+            batch: BatchConfig::default(),
+            on_evicted: OnEvicted::default(),
         }
+    }
+}
+
+/// What every session of one session manager shares: the cursorlog client, the batching
+/// appender, the settings, and the resumed connections to close.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    pub(crate) appender: appender::Appender,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) sse_retry: Duration,
+    pub(crate) on_evicted: OnEvicted,
+    pub(crate) closers: replay::Closers,
+    idle_ttl: tokio::sync::OnceCell<Option<Duration>>,
+}
+
+impl Shared {
+    /// A `Shared` with default settings on `client`, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(client: Client) -> Arc<Self> {
+        Arc::new(Self {
+            appender: appender::Appender::spawn(client.clone(), BatchConfig::default()),
+            client,
+            lease: None,
+            sse_retry: Duration::from_secs(3),
+            on_evicted: OnEvicted::default(),
+            closers: replay::Closers::default(),
+            idle_ttl: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// cursorlog's session idle TTL (`None`: sessions do not expire when idle), asked once
+    /// (with `GetSession` on `session`) and remembered; `None` too when it cannot be asked.
+    pub(crate) async fn session_idle_ttl(&self, session: &str) -> Option<Duration> {
+        *self
+            .idle_ttl
+            .get_or_init(|| async {
+                match self
+                    .client
+                    .clone()
+                    .get_session(pb::GetSessionRequest {
+                        session: session.to_owned(),
+                    })
+                    .await
+                {
+                    Ok(r) => match r.into_inner().idle_ttl_ms {
+                        0 => None,
+                        ms => Some(Duration::from_millis(ms)),
+                    },
+                    Err(s) => {
+                        tracing::warn!(error = %s, "cursorlog: cannot learn the session idle TTL; sessions are not renewed");
+                        None
+                    }
+                }
+            })
+            .await
     }
 }
 
@@ -142,16 +219,36 @@ impl Cursorlog {
         CursorLogClient::with_interceptor(self.channel.clone(), self.token.clone())
     }
 
-    /// The rmcp session manager: sessions in process, their events in cursorlog.
+    /// The rmcp session manager: sessions in process, their events in cursorlog. Must be
+    /// called inside a tokio runtime (it starts the batching task).
     pub fn session_manager(&self, config: AdapterConfig) -> CursorlogSessionManager {
-        let store = CursorlogEventStore::new(self.client(), config.lease);
-        let mut local =
-            LocalSessionManager::default().with_event_store(std::sync::Arc::new(store.clone()));
-        local.session_config = config.session;
-        if local.session_config.sse_retry.is_none() {
-            local.session_config.sse_retry = Some(SessionConfig::DEFAULT_SSE_RETRY);
-        }
-        CursorlogSessionManager::new(local, store)
+        let (shared, session) = self.shared(config);
+        CursorlogSessionManager::new(shared, session)
+    }
+
+    /// rmcp's event store for stateless (2026-07-28) streams, for
+    /// `NeverSessionManager::default().with_event_store(Arc::new(..))`; see [`stateless`].
+    /// Must be called inside a tokio runtime (it starts the batching task).
+    pub fn stateless_event_store(&self, config: AdapterConfig) -> StatelessEventStore {
+        StatelessEventStore::new(self.shared(config).0)
+    }
+
+    fn shared(&self, config: AdapterConfig) -> (Arc<Shared>, SessionConfig) {
+        let mut session = config.session;
+        let sse_retry = *session
+            .sse_retry
+            .get_or_insert(SessionConfig::DEFAULT_SSE_RETRY);
+        let client = self.client();
+        let shared = Arc::new(Shared {
+            appender: appender::Appender::spawn(client.clone(), config.batch),
+            client,
+            lease: config.lease,
+            sse_retry,
+            on_evicted: config.on_evicted,
+            closers: replay::Closers::default(),
+            idle_ttl: tokio::sync::OnceCell::new(),
+        });
+        (shared, session)
     }
 
     /// The rmcp session store (`StreamableHttpServerConfig::session_store`), so a replica can

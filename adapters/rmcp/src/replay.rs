@@ -1,45 +1,101 @@
-//! Resumption: a `Last-Event-ID` becomes one cursorlog verdict, and the verdict becomes
-//! something rmcp's client understands. Never a silent empty stream where the client's call
-//! would then wait forever:
+//! Resumption: a `Last-Event-ID` becomes one cursorlog `Read` (with `resume_own_stream`: an
+//! MCP GET with `Last-Event-ID` always continues the cursor's own stream), and its verdict
+//! becomes something rmcp's client understands. Never a silent empty stream where the
+//! client's call would then wait forever:
 //!
 //! | verdict | the client gets |
 //! |---|---|
 //! | `RESUMABLE` | every event after the cursor, then live events from any replica until the terminal frame; if the producer dies first, the aborted error |
-//! | `STREAM_TERMINATED`, cursor before the terminal seq | the stored terminal frame once, under its original event id (nothing else) |
-//! | `STREAM_TERMINATED` at the terminal seq, `EPOCH_MISMATCH` | a clean end, no replay |
-//! | `CURSOR_EVICTED`, `CURSOR_AHEAD`, `UNKNOWN_CURSOR`, `MALFORMED_CURSOR`, `UNKNOWN_SESSION`, `STREAM_MISMATCH` | a JSON-RPC error response (code [`RESUME_DISCONTINUITY`]) for the original request id |
+//! | `STREAM_TERMINATED`, cursor before the terminal seq | every retained event after the cursor through the terminal frame, once, under their original ids |
+//! | `STREAM_TERMINATED` at the terminal seq, `EPOCH_MISMATCH` | a clean end, no replay (aborted error if the stream ended without an answer) |
+//! | `CURSOR_EVICTED` | a `notifications/message` warning marking the gap (the verdict's facts in `data`), then the retained rest, live events and the terminal frame; or, with [`OnEvicted::EndWithError`], the discontinuity error |
+//! | `CURSOR_AHEAD`, `UNKNOWN_CURSOR`, `MALFORMED_CURSOR`, `UNKNOWN_SESSION`, `STREAM_MISMATCH` | a JSON-RPC error response (code [`RESUME_DISCONTINUITY`]) for the original request id |
 //! | producer aborted (stream ABORTED/SUPERSEDED without a terminal frame) | a JSON-RPC error response (code [`PRODUCER_ABORTED`]) |
 //!
-//! Every verdict is logged at `info` with its facts.
+//! A connection that delivers events starts with a priming event (the presented cursor and
+//! the retry hint), so a client that loses it again resumes again from where it is. Every
+//! verdict is logged with its facts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cursorlog_proto::v1 as pb;
 use pb::read_response::Item;
 use rmcp::model::{ErrorCode, ErrorData, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::{EventStream, ServerSseMessage};
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{Error, Result};
 use crate::event_id::{self, EventId};
-use crate::Client;
+use crate::facts::{aborted_reason, facts, reason, state_name};
+use crate::store::locked;
+use crate::Shared;
 
 /// JSON-RPC error code for "this stream cannot be resumed from that cursor": the client must
 /// re-issue the request (or reconcile, if it may have had effects). `data.verdict` says why.
 pub const RESUME_DISCONTINUITY: i32 = -32011;
 /// JSON-RPC error code for "the server producing this response stopped before finishing".
 pub const PRODUCER_ABORTED: i32 = -32012;
+/// The `logger` of the `notifications/message` warning that marks evicted events.
+pub const GAP_LOGGER: &str = "cursorlog";
+
+/// What a client resuming from an evicted cursor gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnEvicted {
+    /// A `notifications/message` warning (logger [`GAP_LOGGER`], level `warning`) naming the
+    /// evicted seqs, then the retained rest of the stream and its terminal frame: the pending
+    /// call still gets its real answer instead of an error that invites re-executing it.
+    #[default]
+    MarkGap,
+    /// End the call at once with the [`RESUME_DISCONTINUITY`] error (`reason` `cursor_evicted`).
+    EndWithError,
+}
 
 /// Events buffered between the cursorlog reader and the client's SSE connection.
 const BUFFER: usize = 64;
 
+/// A server-initiated close of a stream's connections (rmcp's `close_sse_stream`).
+#[derive(Debug, Clone, Copy)]
+struct Close {
+    retry: Option<Duration>,
+}
+
+/// The resumed connections of each cursorlog stream on this replica, so that rmcp's
+/// `close_sse_stream` closes them too (with a priming event carrying their own position).
+#[derive(Debug, Default)]
+pub(crate) struct Closers {
+    streams: Mutex<HashMap<u64, broadcast::Sender<Close>>>,
+}
+
+impl Closers {
+    fn subscribe(&self, stream: u64) -> broadcast::Receiver<Close> {
+        let mut streams = locked(&self.streams);
+        streams.retain(|_, tx| tx.receiver_count() > 0);
+        streams
+            .entry(stream)
+            .or_insert_with(|| broadcast::channel(1).0)
+            .subscribe()
+    }
+
+    /// Closes every resumed connection of `stream` on this replica.
+    pub(crate) fn close(&self, stream: u64, retry: Option<Duration>) {
+        if let Some(tx) = locked(&self.streams).get(&stream) {
+            let _ = tx.send(Close { retry });
+        }
+    }
+}
+
 pub(crate) async fn resume(
-    client: Client,
+    shared: Arc<Shared>,
     session: &str,
     last_event_id: &str,
 ) -> Result<EventStream> {
     let id = EventId::parse(last_event_id);
-    let mut reader = client
+    let mut reader = shared
+        .client
         .clone()
         .read(pb::ReadRequest {
             session: session.to_owned(),
@@ -47,7 +103,7 @@ pub(crate) async fn resume(
             declared_stream: None,
             follow: true,
             batch_events_max: 0,
-            resume_own_stream: false,
+            resume_own_stream: true,
         })
         .await
         .map_err(Error::rpc("Read"))?
@@ -70,47 +126,81 @@ pub(crate) async fn resume(
         .as_deref()
         .and_then(event_id::request_from_correlation)
         .or(id.request.clone());
-    tracing::info!(
-        session,
-        last_event_id,
-        verdict = verdict.as_str_name(),
-        current_epoch = resolution.current_epoch,
-        state = resolution
-            .stream_state
-            .map(|_| resolution.stream_state().as_str_name()),
-        head = resolution.head,
-        terminal_seq = resolution.terminal_seq,
-        watermark = resolution.watermark,
-        detail = resolution.detail.as_deref(),
-        missed_terminal_frame = resolution.missed_terminal_frame,
-        "cursorlog: resume verdict"
-    );
+    log_verdict(session, last_event_id, &resolution);
     let (tx, rx) = mpsc::channel(BUFFER);
+    let suffix = match &id.token {
+        Some(token) => event_id::token_suffix(token),
+        None => event_id::request_suffix(request.as_ref()),
+    };
     let out = Out {
         tx,
         request,
+        suffix,
         cursor: id.cursor.clone(),
     };
-    match verdict {
-        pb::Verdict::Resumable => {
-            tokio::spawn(follow(reader, out, resolution));
-        }
-        pb::Verdict::StreamTerminated => {
-            let session = session.to_owned();
-            tokio::spawn(async move { terminated(client, session, out, resolution).await });
-        }
-        pb::Verdict::EpochMismatch => {}
-        _ => {
-            tokio::spawn(async move { out.discontinuity(&resolution).await });
+    let delivers = match verdict {
+        pb::Verdict::Resumable => true,
+        pb::Verdict::StreamTerminated => resolution.missed_terminal_frame,
+        pb::Verdict::CursorEvicted => shared.on_evicted == OnEvicted::MarkGap,
+        _ => false,
+    };
+    if delivers {
+        let closer = resolution
+            .cursor
+            .as_ref()
+            .map(|c| shared.closers.subscribe(c.stream));
+        tokio::spawn(deliver(reader, out, resolution, closer, shared.sse_retry));
+    } else {
+        match verdict {
+            pb::Verdict::StreamTerminated => {
+                let session = session.to_owned();
+                tokio::spawn(
+                    async move { at_terminal_seq(shared, session, out, resolution).await },
+                );
+            }
+            pb::Verdict::EpochMismatch => {}
+            _ => {
+                tokio::spawn(async move { out.discontinuity(&resolution).await });
+            }
         }
     }
     Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+fn log_verdict(session: &str, last_event_id: &str, r: &pb::Resolution) {
+    let verdict = r.verdict();
+    let state = r.stream_state.map(|_| r.stream_state().as_str_name());
+    macro_rules! log {
+        ($level:ident) => {
+            tracing::$level!(
+                session,
+                last_event_id,
+                verdict = verdict.as_str_name(),
+                current_epoch = r.current_epoch,
+                state,
+                head = r.head,
+                terminal_seq = r.terminal_seq,
+                watermark = r.watermark,
+                detail = r.detail.as_deref(),
+                missed_terminal_frame = r.missed_terminal_frame,
+                "cursorlog: resume verdict"
+            )
+        };
+    }
+    match verdict {
+        pb::Verdict::Resumable | pb::Verdict::StreamTerminated | pb::Verdict::EpochMismatch => {
+            log!(info)
+        }
+        _ => log!(warn),
+    }
 }
 
 /// Where the resumed events go, and what the error responses are addressed to.
 struct Out {
     tx: mpsc::Sender<ServerSseMessage>,
     request: Option<RequestId>,
+    /// What follows the cursor in the stream's event ids (request or stateless token).
+    suffix: String,
     cursor: String,
 }
 
@@ -120,10 +210,23 @@ impl Out {
         self.tx.send(message).await.is_ok()
     }
 
+    fn id(&self, cursor: &str) -> String {
+        format!("{cursor}{}", self.suffix)
+    }
+
+    /// A priming event: an id to resume from (and nothing else) plus the retry hint.
+    async fn priming(&self, cursor: &str, retry: Option<Duration>) -> bool {
+        let mut priming = ServerSseMessage::default();
+        priming.event_id = Some(self.id(cursor));
+        priming.retry = retry;
+        self.send(priming).await
+    }
+
     async fn event(&self, e: &pb::Event) -> std::result::Result<bool, Error> {
         let message: ServerJsonRpcMessage = serde_json::from_slice(&e.payload)?;
-        let id = event_id::format(&e.id, self.request.as_ref());
-        Ok(self.send(ServerSseMessage::new(id, message)).await)
+        Ok(self
+            .send(ServerSseMessage::new(self.id(&e.id), message))
+            .await)
     }
 
     /// An error response for the original request; without an event id, so the client's
@@ -181,84 +284,76 @@ impl Out {
         );
         self.error(PRODUCER_ABORTED, message, facts).await;
     }
-}
 
-/// The verdict's facts, for the error's `data`: the same shape as the Python adapter's
-/// (`reason`, `verdict`, `cursor`, then only the facts cursorlog revealed).
-fn facts(r: &pb::Resolution, cursor: &str, reason: &str) -> serde_json::Value {
-    let mut data = json!({
-        "reason": reason,
-        "verdict": r.verdict().as_str_name(),
-        "cursor": cursor,
-    });
-    if let Some(e) = r.current_epoch {
-        data["current_epoch"] = json!(e);
-    }
-    if r.stream_state.is_some() {
-        data["state"] = json!(state_name(r.stream_state()));
-    }
-    if let Some(h) = r.head {
-        data["head"] = json!(h);
-    }
-    if let Some(w) = r.watermark {
-        data["watermark"] = json!(w);
-    }
-    if let Some(t) = r.terminal_seq {
-        data["terminal_seq"] = json!(t);
-    }
-    if let Some(d) = &r.detail {
-        data["detail"] = json!(d);
-    }
-    if r.session_expired {
-        data["session_expired"] = json!(true);
-    }
-    if r.missed_terminal_frame {
-        data["missed_terminal_frame"] = json!(true);
-    }
-    data
-}
-
-/// `ABORTED` for `STREAM_STATE_ABORTED`.
-fn state_name(state: pb::StreamState) -> &'static str {
-    let name = state.as_str_name();
-    name.strip_prefix("STREAM_STATE_").unwrap_or(name)
-}
-
-/// `data.reason` of a discontinuity, as in the Python adapter.
-fn reason(verdict: pb::Verdict) -> &'static str {
-    match verdict {
-        pb::Verdict::CursorEvicted => "cursor_evicted",
-        pb::Verdict::CursorAhead => "cursor_ahead",
-        pb::Verdict::UnknownCursor => "unknown_cursor",
-        pb::Verdict::MalformedCursor => "malformed_cursor",
-        pb::Verdict::UnknownSession => "unknown_session",
-        _ => "stream_mismatch",
+    /// The visible mark of evicted events: a `notifications/message` warning whose event id
+    /// is the gap's last seq, so a client that reconnects after it resumes after the gap.
+    async fn gap(&self, r: &pb::Resolution, epoch: u64, stream: u64, gap: &pb::EvictedGap) -> bool {
+        let mut data = facts(r, &self.cursor, "events_evicted");
+        data["first_evicted_seq"] = json!(gap.first_seq);
+        data["last_evicted_seq"] = json!(gap.last_seq);
+        data["message"] = json!(format!(
+            "{} event(s) of this response stream (seq {} to {}) were evicted by retention before \
+             they could be delivered; delivery continues after them",
+            gap.last_seq - gap.first_seq + 1,
+            gap.first_seq,
+            gap.last_seq
+        ));
+        let notification = json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/message",
+            "params": {"level": "warning", "logger": GAP_LOGGER, "data": data},
+        });
+        let message: ServerJsonRpcMessage = match serde_json::from_value(notification) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(error = %e, "cursorlog: cannot build the gap notification");
+                return false;
+            }
+        };
+        let cursor = format!("{epoch}-{stream}-{}", gap.last_seq);
+        self.send(ServerSseMessage::new(self.id(&cursor), message))
+            .await
     }
 }
 
-/// `data.reason` of a stream that ended without answering.
-fn aborted_reason(state: pb::StreamState) -> &'static str {
-    if state == pb::StreamState::Superseded {
-        "stream_superseded"
-    } else {
-        "producer_aborted"
+/// RESUMABLE, STREAM_TERMINATED with missed frames, CURSOR_EVICTED: priming, then replay and
+/// follow until the stream ends. A request stream that ends without its response (producer
+/// crashed, lease expired, epoch advanced) gets the aborted error.
+async fn deliver(
+    mut reader: tonic::Streaming<pb::ReadResponse>,
+    out: Out,
+    r: pb::Resolution,
+    mut closer: Option<broadcast::Receiver<Close>>,
+    retry: Duration,
+) {
+    let Some(cursor) = r.cursor else {
+        tracing::error!(cursor = %out.cursor, "cursorlog: a delivering verdict without its cursor");
+        return;
+    };
+    if !out.priming(&out.cursor, Some(retry)).await {
+        return;
     }
-}
-
-/// RESUMABLE: replay, then follow until the stream ends. A request stream that ends without
-/// its response (producer crashed, lease expired, epoch advanced) gets the aborted error.
-async fn follow(mut reader: tonic::Streaming<pb::ReadResponse>, out: Out, r: pb::Resolution) {
+    let mut position = out.cursor.clone();
     let mut answered = false;
     loop {
-        let item = match reader.message().await {
+        let next = tokio::select! {
+            next = reader.message() => next,
+            close = recv_close(&mut closer) => {
+                // rmcp closed this stream's connections (`close_sse_stream`): this one too,
+                // with its own position, so the client resumes from exactly here.
+                out.priming(&position, close.retry).await;
+                return;
+            }
+        };
+        let item = match next {
             Ok(Some(pb::ReadResponse { item: Some(item) })) => item,
             Ok(_) => {
-                tracing::warn!(cursor = %out.cursor, "cursorlog: follow ended without an end message");
+                tracing::warn!(cursor = %out.cursor, "cursorlog: read ended without an end message");
                 return;
             }
             Err(status) => {
                 // The client reconnects with its last event id; nothing is lost.
-                tracing::warn!(cursor = %out.cursor, error = %status, "cursorlog: follow failed");
+                tracing::warn!(cursor = %out.cursor, error = %status, "cursorlog: read failed");
                 return;
             }
         };
@@ -273,12 +368,20 @@ async fn follow(mut reader: tonic::Streaming<pb::ReadResponse>, out: Out, r: pb:
                             return;
                         }
                     }
+                    position.clone_from(&e.id);
                     answered = e.kind == "response" || e.kind == "error";
                 }
             }
+            Item::Gap(gap) => {
+                tracing::warn!(cursor = %out.cursor, first = gap.first_seq, last = gap.last_seq, "cursorlog: evicted events marked as a gap");
+                if !out.gap(&r, cursor.epoch, cursor.stream, &gap).await {
+                    return;
+                }
+                position = format!("{}-{}-{}", cursor.epoch, cursor.stream, gap.last_seq);
+            }
             Item::End(end) => {
                 let state = end.state();
-                tracing::info!(cursor = %out.cursor, state = state.as_str_name(), reason = end.reason.as_deref(), "cursorlog: followed stream ended");
+                tracing::info!(cursor = %out.cursor, state = state.as_str_name(), reason = end.reason.as_deref(), "cursorlog: resumed stream ended");
                 if !answered && out.request.is_some() && state != pb::StreamState::Completed {
                     let mut f = facts(&r, &out.cursor, aborted_reason(state));
                     f["state"] = json!(state_name(state));
@@ -292,26 +395,34 @@ async fn follow(mut reader: tonic::Streaming<pb::ReadResponse>, out: Out, r: pb:
                 tracing::error!("cursorlog: a second resolution in one Read");
                 return;
             }
-            Item::Gap(gap) => {
-                // Only sent with `resume_own_stream`, which this replay does not set.
-                tracing::error!(
-                    first = gap.first_seq,
-                    last = gap.last_seq,
-                    "cursorlog: unexpected gap in a Read"
-                );
-                return;
-            }
         }
     }
 }
 
-/// STREAM_TERMINATED: the stored terminal frame once if the client missed it; the aborted
-/// error if the stream ended without one; otherwise a clean end.
-async fn terminated(client: Client, session: String, out: Out, r: pb::Resolution) {
+async fn recv_close(closer: &mut Option<broadcast::Receiver<Close>>) -> Close {
+    loop {
+        match closer {
+            Some(rx) => match rx.recv().await {
+                Ok(close) => return close,
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => *closer = None,
+            },
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// STREAM_TERMINATED at the terminal seq: the client has everything, unless the stream ended
+/// without an answer (aborted), which it must be told.
+async fn at_terminal_seq(shared: Arc<Shared>, session: String, out: Out, r: pb::Resolution) {
     let Some(stream) = r.cursor.as_ref().map(|c| c.stream) else {
         return;
     };
-    let outcome = client
+    if out.request.is_none() {
+        return;
+    }
+    let outcome = shared
+        .client
         .clone()
         .get_outcome(pb::GetOutcomeRequest {
             session,
@@ -319,25 +430,19 @@ async fn terminated(client: Client, session: String, out: Out, r: pb::Resolution
             stream: Some(stream),
         })
         .await;
-    let frame = match outcome {
-        Ok(o) => o.into_inner().outcome.and_then(|o| o.frame),
-        Err(status) => {
-            tracing::warn!(stream, error = %status, "cursorlog: GetOutcome failed");
-            return;
-        }
-    };
-    match frame {
-        Some(frame) if r.missed_terminal_frame => {
-            if let Err(err) = out.event(&frame).await {
-                tracing::error!(event = %frame.id, error = %err, "cursorlog: stored terminal frame is not JSON-RPC");
-            }
-        }
-        Some(_) => {} // The client has the terminal frame: nothing lost, nothing to send.
-        None if out.request.is_some() => {
+    match outcome {
+        Ok(o)
+            if o.get_ref()
+                .outcome
+                .as_ref()
+                .is_some_and(|o| o.frame.is_some()) => {}
+        Ok(_) => {
             let data = facts(&r, &out.cursor, aborted_reason(r.stream_state()));
             out.aborted(r.stream_state(), r.detail.as_deref(), data)
                 .await;
         }
-        None => {}
+        Err(status) => {
+            tracing::warn!(stream, error = %status, "cursorlog: GetOutcome failed");
+        }
     }
 }

@@ -1,53 +1,158 @@
-//! [`CursorlogSessionManager`]: rmcp's in-process session manager, made session-safe and
-//! durable by cursorlog; and [`CursorlogSessionStore`], which lets any replica restore a
-//! session another replica created.
+//! [`CursorlogSessionManager`]: rmcp's in-process session workers, made session-safe and
+//! durable by cursorlog.
 //!
-//! Why a session manager and not just an event store: rmcp hands one event store to every
-//! session and calls `replay_events_after(last_event_id)` without saying which session asks,
-//! and its request stream ids carry no session either. The session manager is the one place
-//! rmcp names the session: it binds each new request stream to its session and request id
-//! (see [`crate::store`]) and resumes a `Last-Event-ID` *inside the session that presents it*,
-//! so cursorlog answers another session's cursor with UNKNOWN_CURSOR and replays nothing.
+//! Why a session manager and not just an event store: rmcp hands its event store to the
+//! session worker and never says which session a `store_event` or a `replay_events_after`
+//! is for. This manager gives every session its own rmcp [`LocalSessionManager`] (holding
+//! exactly that session, created with rmcp's own `restore_session(id)`) wired to its own
+//! [`SessionEventStore`], so:
+//! - every event is written into a stream of the session whose worker produced it, whatever
+//!   other sessions do at the same moment (no replica-wide state decides it);
+//! - stream creation is serialised per session only (the store learns each new stream's
+//!   request id while rmcp creates it), never across sessions: a session whose worker waits
+//!   on a slow client delays only its own new streams, which rmcp's worker would delay anyway;
+//! - a `Last-Event-ID` is resumed inside the session that presents it, so cursorlog answers
+//!   another session's cursor with UNKNOWN_CURSOR and replays nothing.
+//!
+//! A session's worker ending (idle timeout, shutdown) forgets it here only: the session stays
+//! alive in cursorlog, so the client resumes it on any replica. A client's `DELETE` expires it
+//! in cursorlog through [`crate::CursorlogSessionStore`]'s `delete`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use cursorlog_proto::v1 as pb;
 use futures::{Stream, StreamExt};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{
-    LocalSessionManager, LocalSessionWorker,
+    LocalSessionHandle, LocalSessionManager, LocalSessionWorker, SessionConfig, SessionError,
 };
 use rmcp::transport::streamable_http_server::session::{
-    RestoreOutcome, ServerSseMessage, SessionId, SessionManager, SessionState, SessionStore,
-    SessionStoreError,
+    RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 use rmcp::transport::WorkerTransport;
+use tokio::sync::RwLock;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
 
 use crate::error::{Error, Result};
-use crate::store::{CursorlogEventStore, PendingStream};
-use crate::Client;
+use crate::store::{AbortOnDrop, SessionEventStore};
+use crate::Shared;
 
 /// The event id rmcp gives the priming event of a standalone GET stream when the session
 /// manager exposes no event store; resuming from it is a fresh standalone stream.
 const STANDALONE_PRIMING_ID: &str = "0";
 
-/// rmcp `SessionManager` that keeps sessions in process (rmcp's [`LocalSessionManager`]) and
-/// their events in cursorlog, bound to the MCP session. Build it with
-/// [`crate::Cursorlog::session_manager`].
+/// One session served by this replica.
+#[derive(Debug)]
+struct Local {
+    /// rmcp's handle of the session's worker (wired to `store`).
+    handle: LocalSessionHandle,
+    store: SessionEventStore,
+    /// Serialises request-stream creation in this session (see the module docs).
+    creating: Arc<tokio::sync::Mutex<()>>,
+    _keepalive: AbortOnDrop,
+}
+
+/// rmcp `SessionManager` that keeps sessions in process (rmcp's [`LocalSessionManager`]
+/// workers) and their events in cursorlog, bound to the MCP session. Build it with
+/// [`crate::Cursorlog::session_manager`]; see the module docs.
 #[derive(Debug)]
 pub struct CursorlogSessionManager {
-    local: LocalSessionManager,
-    store: CursorlogEventStore,
-    /// Serialises request-stream creation so the store binds each new stream to the right
-    /// session and request (see [`CursorlogEventStore::bind_next`]).
-    creating: tokio::sync::Mutex<()>,
+    shared: Arc<Shared>,
+    config: SessionConfig,
+    sessions: RwLock<HashMap<SessionId, Arc<Local>>>,
 }
 
 impl CursorlogSessionManager {
-    pub(crate) fn new(local: LocalSessionManager, store: CursorlogEventStore) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, config: SessionConfig) -> Self {
         Self {
-            local,
-            store,
-            creating: tokio::sync::Mutex::new(()),
+            shared,
+            config,
+            sessions: RwLock::default(),
         }
+    }
+
+    /// rmcp's handle of a session served by this replica, e.g. to close an SSE stream with a
+    /// retry hint (`close_sse_stream`, SEP-1699 polling). Connections resumed on this
+    /// replica from cursorlog are closed along with the worker's own.
+    pub async fn session_handle(&self, id: &SessionId) -> Option<LocalSessionHandle> {
+        let local = self.sessions.read().await.get(id).cloned()?;
+        Some(local.handle.clone())
+    }
+
+    /// The event store of a session served by this replica (for tests and diagnostics).
+    pub async fn event_store_of(&self, id: &SessionId) -> Option<SessionEventStore> {
+        let local = self.sessions.read().await.get(id).cloned()?;
+        Some(local.store.clone())
+    }
+
+    /// How well this replica's writes are being coalesced into shared `AppendBatch` calls.
+    pub fn append_stats(&self) -> crate::AppendStats {
+        self.shared.appender.stats()
+    }
+
+    /// The ids of the sessions this replica serves now.
+    pub async fn session_ids(&self) -> Vec<SessionId> {
+        self.sessions.read().await.keys().cloned().collect()
+    }
+
+    /// How many sessions this replica serves now.
+    pub async fn session_count(&self) -> usize {
+        self.sessions.read().await.len()
+    }
+
+    async fn local(&self, id: &SessionId) -> Result<Arc<Local>> {
+        self.sessions
+            .read()
+            .await
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::SessionNotFound(id.to_string()))
+    }
+
+    /// A worker for session `id` with its own store; `None` if one already exists.
+    async fn spawn_local(
+        &self,
+        id: &SessionId,
+        epoch: Option<u64>,
+    ) -> Result<Option<WorkerTransport<LocalSessionWorker>>> {
+        let mut sessions = self.sessions.write().await;
+        if sessions.contains_key(id) {
+            return Ok(None);
+        }
+        let store = SessionEventStore::new(self.shared.clone(), id, epoch);
+        let mut manager = LocalSessionManager::default().with_event_store(Arc::new(store.clone()));
+        manager.session_config = self.config.clone();
+        // rmcp's own way to make a worker for a given session id, wired to the manager's
+        // event store: here, this session's own store.
+        let RestoreOutcome::Restored(transport) = manager.restore_session(id.clone()).await? else {
+            return Err(Error::Protocol(
+                "rmcp's LocalSessionManager did not make a worker for a new session".into(),
+            ));
+        };
+        let handle = manager
+            .sessions
+            .read()
+            .await
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::SessionNotFound(id.to_string()))?;
+        let keepalive = AbortOnDrop(tokio::spawn(keep_session_alive(
+            self.shared.clone(),
+            id.to_string(),
+        )));
+        sessions.insert(
+            id.clone(),
+            Arc::new(Local {
+                handle,
+                store,
+                creating: Arc::default(),
+                _keepalive: keepalive,
+            }),
+        );
+        Ok(Some(transport))
     }
 }
 
@@ -56,9 +161,25 @@ impl SessionManager for CursorlogSessionManager {
     type Transport = WorkerTransport<LocalSessionWorker>;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport)> {
-        let (id, transport) = self.local.create_session().await?;
-        self.store.open_session(&id).await?;
-        Ok((id, transport))
+        let id: SessionId = uuid::Uuid::new_v4().to_string().into();
+        let epoch = self
+            .shared
+            .client
+            .clone()
+            .open_session(pb::OpenSessionRequest {
+                session: id.to_string(),
+                state: None,
+            })
+            .await
+            .map_err(Error::rpc("OpenSession"))?
+            .into_inner()
+            .epoch;
+        match self.spawn_local(&id, Some(epoch)).await? {
+            Some(transport) => Ok((id, transport)),
+            None => Err(Error::Protocol(format!(
+                "session id {id} was already in use"
+            ))),
+        }
     }
 
     async fn initialize_session(
@@ -66,16 +187,24 @@ impl SessionManager for CursorlogSessionManager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage> {
-        Ok(self.local.initialize_session(id, message).await?)
+        let local = self.local(id).await?;
+        Ok(local.handle.initialize(message).await?)
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool> {
-        Ok(self.local.has_session(id).await?)
+        Ok(self.sessions.read().await.contains_key(id))
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<()> {
-        self.local.close_session(id).await?;
-        self.store.close_session(id).await
+        let local = self.sessions.write().await.remove(id);
+        if let Some(local) = local {
+            match local.handle.close().await {
+                // The worker already exited: nothing left to stop.
+                Ok(()) | Err(SessionError::SessionServiceTerminated) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     async fn create_stream(
@@ -83,30 +212,45 @@ impl SessionManager for CursorlogSessionManager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static> {
+        let local = self.local(id).await?;
         let request = match &message {
             ClientJsonRpcMessage::Request(r) => Some(r.id.clone()),
             _ => None,
         };
-        let _one_at_a_time = self.creating.lock().await;
-        self.store.bind_next(Some(PendingStream {
-            session: id.to_string(),
-            request,
-        }));
-        // rmcp creates the stream and stores its priming event (binding it) in here.
-        let stream = self.local.create_stream(id, message).await;
-        self.store.bind_next(None);
-        Ok(stream?)
+        // In a task of its own, so that a caller that goes away (the HTTP client hung up)
+        // cannot leave a declaration behind for another stream of this session to take.
+        let creation = tokio::spawn(async move {
+            let _one_at_a_time = local.creating.lock().await;
+            local.store.expect_stream(request);
+            // rmcp's worker creates the stream and stores its priming event (binding it to
+            // the declared request) in here; what `LocalSessionManager::create_stream` does.
+            let receiver = local.handle.establish_request_wise_channel().await;
+            local.store.expect_no_stream();
+            let receiver = receiver?;
+            local
+                .handle
+                .push_message(message, receiver.http_request_id)
+                .await?;
+            Ok::<_, SessionError>(ReceiverStream::new(receiver.inner))
+        });
+        let stream = creation
+            .await
+            .map_err(|e| Error::Protocol(format!("stream creation task failed: {e}")))??;
+        Ok(stream)
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<()> {
-        Ok(self.local.accept_message(id, message).await?)
+        let local = self.local(id).await?;
+        Ok(local.handle.push_message(message, None).await?)
     }
 
     async fn create_standalone_stream(
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static> {
-        Ok(self.local.create_standalone_stream(id).await?)
+        let local = self.local(id).await?;
+        let receiver = local.handle.establish_common_channel().await?;
+        Ok(ReceiverStream::new(receiver.inner))
     }
 
     async fn resume(
@@ -115,136 +259,113 @@ impl SessionManager for CursorlogSessionManager {
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static> {
         if last_event_id == STANDALONE_PRIMING_ID {
-            let fresh = self.local.create_standalone_stream(id).await?;
-            return Ok(fresh.left_stream());
+            let local = self.local(id).await?;
+            let receiver = local.handle.establish_common_channel().await?;
+            return Ok(ReceiverStream::new(receiver.inner).left_stream());
         }
-        let resumed = self
-            .store
-            .resume(id, &last_event_id)
+        let resumed = crate::replay::resume(self.shared.clone(), id, &last_event_id)
             .await
-            .map_err(Error::Resume)?;
+            .map_err(|e| {
+                tracing::warn!(session = %id, last_event_id, error = %e, "cursorlog: resume failed");
+                Error::Resume(Box::new(e))
+            })?;
         Ok(resumed.right_stream())
     }
 
     async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>> {
-        Ok(self.local.restore_session(id).await?)
+        Ok(match self.spawn_local(&id, None).await? {
+            Some(transport) => RestoreOutcome::Restored(transport),
+            None => RestoreOutcome::AlreadyPresent,
+        })
     }
 }
 
-/// The correlation id of the stream holding a session's `initialize` parameters.
-const SESSION_STATE: &str = "rmcp.session-state";
-
-/// rmcp `SessionStore` in cursorlog: the session's `initialize` parameters are the terminal
-/// frame of a stream in that session (correlation `rmcp.session-state`), so every replica can
-/// restore the session, and expiring the session forgets it everywhere.
-#[derive(Debug, Clone)]
-pub struct CursorlogSessionStore {
-    client: Client,
-}
-
-impl CursorlogSessionStore {
-    pub(crate) fn new(client: Client) -> Self {
-        Self { client }
-    }
-
-    async fn load_state(&self, session_id: &str) -> Result<Option<SessionState>> {
-        // An expired (or never opened) session must not come back to life on another replica.
-        let probe = self
+/// Renews the session's idle TTL in cursorlog while this replica serves it, so a client that
+/// is connected but idle keeps its session. Asks cursorlog for the TTL once per replica.
+async fn keep_session_alive(shared: Arc<Shared>, session: String) {
+    let Some(ttl) = shared.session_idle_ttl(&session).await else {
+        return;
+    };
+    let period = (ttl / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(period).await;
+        let renewed = shared
             .client
             .clone()
-            .resolve(pb::ResolveRequest {
-                session: session_id.to_owned(),
-                last_event_id: "0-0-0".into(),
-                declared_stream: None,
+            .keep_alive(pb::KeepAliveRequest {
+                session: session.clone(),
+                stream: 0,
             })
-            .await
-            .map_err(Error::rpc("Resolve"))?
-            .into_inner();
-        if probe.verdict() == pb::Verdict::UnknownSession {
-            return Ok(None);
+            .await;
+        match renewed {
+            Ok(_) => {}
+            Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => {
+                tracing::info!(
+                    session,
+                    reason = s.message(),
+                    "cursorlog: session ended; renewal stops"
+                );
+                return;
+            }
+            Err(s) => {
+                tracing::warn!(session, error = %s, "cursorlog: session renewal failed; retrying");
+            }
         }
-        let outcome = self
-            .client
-            .clone()
-            .get_outcome(pb::GetOutcomeRequest {
-                session: session_id.to_owned(),
-                correlation: SESSION_STATE.into(),
-                stream: None,
-            })
-            .await
-            .map_err(Error::rpc("GetOutcome"))?
-            .into_inner();
-        match outcome.outcome.and_then(|o| o.frame) {
-            Some(frame) => Ok(Some(serde_json::from_slice(&frame.payload)?)),
-            None => Ok(None),
-        }
-    }
-
-    async fn store_state(&self, session_id: &str, state: &SessionState) -> Result<()> {
-        let mut client = self.client.clone();
-        let epoch = client
-            .open_session(pb::OpenSessionRequest {
-                session: session_id.to_owned(),
-                state: None,
-            })
-            .await
-            .map_err(Error::rpc("OpenSession"))?
-            .into_inner()
-            .epoch;
-        let stream = client
-            .open_stream(pb::OpenStreamRequest {
-                session: session_id.to_owned(),
-                epoch,
-                correlation: Some(SESSION_STATE.into()),
-                lease_ms: None,
-            })
-            .await
-            .map_err(Error::rpc("OpenStream"))?
-            .into_inner()
-            .stream;
-        client
-            .complete(pb::CompleteRequest {
-                session: session_id.to_owned(),
-                stream,
-                expected_next_seq: Some(1),
-                terminal: Some(pb::NewEvent {
-                    kind: SESSION_STATE.into(),
-                    correlation: None,
-                    payload: serde_json::to_vec(state)?,
-                }),
-            })
-            .await
-            .map_err(Error::rpc("Complete"))?;
-        Ok(())
-    }
-
-    async fn delete_state(&self, session_id: &str) -> Result<()> {
-        crate::store::expire_session(self.client.clone(), session_id).await
     }
 }
 
-fn boxed(e: Error) -> SessionStoreError {
-    Box::new(e)
-}
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[async_trait::async_trait]
-impl SessionStore for CursorlogSessionStore {
-    async fn load(
-        &self,
-        session_id: &str,
-    ) -> std::result::Result<Option<SessionState>, SessionStoreError> {
-        self.load_state(session_id).await.map_err(boxed)
+    use super::*;
+    use crate::fake::{self, Fake};
+
+    /// A session this replica serves is renewed every third of cursorlog's idle TTL with a
+    /// session-only KeepAlive, so a client that is connected but idle keeps its session.
+    #[tokio::test]
+    async fn a_served_session_is_renewed_within_the_idle_ttl() {
+        let fake = Arc::new(Fake {
+            idle_ttl_ms: 300,
+            ..Fake::default()
+        });
+        let shared = Shared::for_tests(fake::start(fake.clone()).await);
+        let renewal = AbortOnDrop(tokio::spawn(keep_session_alive(shared, "s1".into())));
+        let started = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let changed = fake.changed.notified();
+                if fake.keepalives.lock().unwrap().len() >= 3 {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .expect("three renewals");
+        // Three renewals, each due a third of the TTL after the last: well inside the TTL
+        // apart, and only for the session (stream 0).
+        assert!(started.elapsed() < Duration::from_millis(300 * 3));
+        assert!(fake
+            .keepalives
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(s, stream)| s == "s1" && *stream == 0));
+        drop(renewal);
     }
 
-    async fn store(
-        &self,
-        session_id: &str,
-        state: &SessionState,
-    ) -> std::result::Result<(), SessionStoreError> {
-        self.store_state(session_id, state).await.map_err(boxed)
-    }
-
-    async fn delete(&self, session_id: &str) -> std::result::Result<(), SessionStoreError> {
-        self.delete_state(session_id).await.map_err(boxed)
+    /// Without an idle TTL (cursorlog's default today), nothing is sent.
+    #[tokio::test]
+    async fn without_an_idle_ttl_nothing_is_renewed() {
+        let fake = Arc::new(Fake::default());
+        let shared = Shared::for_tests(fake::start(fake.clone()).await);
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            keep_session_alive(shared, "s1".into()),
+        )
+        .await
+        .expect("the renewal task ends at once when sessions never expire");
+        assert!(fake.keepalives.lock().unwrap().is_empty());
     }
 }

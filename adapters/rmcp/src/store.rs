@@ -1,23 +1,29 @@
-//! [`CursorlogEventStore`]: rmcp's `EventStore` over cursorlog.
+//! [`SessionEventStore`]: rmcp's `EventStore` for *one* MCP session, over cursorlog.
 //!
-//! Each rmcp stream becomes one cursorlog stream *in the MCP session that owns it*:
+//! rmcp hands its event store to a session worker and calls `store_event(stream_id, event)`
+//! without naming the session. [`crate::CursorlogSessionManager`] therefore gives every
+//! session its own worker *and its own store*, which knows its session for certain: an event
+//! can only ever land in a stream of the session whose worker stored it.
+//!
+//! Each rmcp stream becomes one cursorlog stream in that session:
 //! - a request stream (rmcp names it with a fresh uuid) is opened with the JSON-RPC request id
-//!   as its correlation and a producer lease that a background task renews while this process
-//!   lives, so a replica that dies mid-call leaves an ABORTED stream, not a silent one;
+//!   as its correlation and a producer lease that this process renews while it lives, so a
+//!   replica that dies mid-call leaves an ABORTED stream, not a silent one. The request id
+//!   comes from the session manager, which declares it (`SessionEventStore::expect_stream`)
+//!   while rmcp creates the stream and stores its priming event;
 //! - the standalone GET stream (`{session}:common`) gets one lease-less stream per replica.
 //!
-//! rmcp does not pass the session to the store, so [`crate::CursorlogSessionManager`] tells it:
-//! while rmcp creates a request stream (and stores its priming event) the manager holds
-//! `CursorlogEventStore::bind_next`'s slot with the session and request id.
-//!
-//! The priming event writes nothing: its id is the cursor before the stream's first event.
-//! The JSON-RPC response (or error) to the stream's own request is the terminal frame
-//! (`Complete`); everything else is an `Append`. Every id is returned only once cursorlog has
-//! made the write durable, as rmcp's trait requires.
+//! A priming event writes nothing: its id is the stream's current position (the start for a
+//! new stream; the last event written when rmcp closes a connection with a retry hint, in
+//! which case the connections resumed on this replica are closed the same way). The JSON-RPC
+//! response (or error) to the stream's own request is the terminal frame (`Complete`);
+//! everything else is an append. Writes go through the shared appender (see [`crate::appender`])
+//! and every id is returned only once cursorlog has made the write durable, as rmcp's trait
+//! requires; a write that fails is an error, never an id-less event.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cursorlog_proto::v1 as pb;
 use rmcp::model::{RequestId, ServerJsonRpcMessage};
@@ -26,195 +32,281 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use tonic::Code;
 
+use crate::appender::{Write, Written};
 use crate::error::{Error, Result};
-use crate::event_id;
-use crate::replay;
-use crate::Client;
-
-tokio::task_local! {
-    /// The MCP session presenting a `Last-Event-ID`, set by the session manager around
-    /// `replay_events_after`.
-    static PRESENTING_SESSION: String;
-}
+use crate::{event_id, Shared};
 
 /// The suffix rmcp gives its standalone (GET) stream ids: `{session_id}:common`.
 const COMMON_SUFFIX: &str = ":common";
 
-/// A cursorlog stream this process writes on behalf of one rmcp stream.
-#[derive(Debug, Clone)]
-struct Binding {
-    session: String,
-    epoch: u64,
-    stream: u64,
-    request: Option<RequestId>,
-    _keepalive: Option<Arc<KeepAlive>>,
+pub(crate) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Only short, non-panicking sections hold these locks; a poisoned lock still holds
+    // consistent data, so keep going rather than take the replica down.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Aborts the lease-renewal task when the last binding copy goes away.
+/// Aborts a background task when dropped.
 #[derive(Debug)]
-struct KeepAlive(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
-impl Drop for KeepAlive {
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
-/// The session and request of the next rmcp request stream.
-#[derive(Debug, Clone)]
-pub(crate) struct PendingStream {
-    pub session: String,
-    pub request: Option<RequestId>,
+/// Where a stream's writer stands.
+#[derive(Debug)]
+pub(crate) struct Position {
+    /// The seq the next event gets (`expected_next_seq` of the next write).
+    next_seq: u64,
+    /// When this process last wrote to the stream (a write renews the lease).
+    last_write: Instant,
 }
 
-/// rmcp's `EventStore` over cursorlog; see the module docs. Create it through
-/// [`crate::Cursorlog::session_manager`], which wires it into the session manager that binds
-/// streams to sessions.
+/// The cursorlog stream behind one rmcp stream, and where its writer stands.
+#[derive(Debug)]
+pub(crate) struct Binding {
+    pub(crate) session: String,
+    pub(crate) epoch: u64,
+    pub(crate) stream: u64,
+    pub(crate) request: Option<RequestId>,
+    position: Arc<Mutex<Position>>,
+    _lease: Option<AbortOnDrop>,
+}
+
+impl Binding {
+    /// A binding for a stream just opened, renewing its lease (if any) in the background.
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        session: &str,
+        opened: &pb::OpenStreamResponse,
+        request: Option<RequestId>,
+        lease: Option<Duration>,
+    ) -> Self {
+        let position = Arc::new(Mutex::new(Position {
+            next_seq: 1,
+            last_write: Instant::now(),
+        }));
+        let renewal = lease.map(|lease| {
+            AbortOnDrop(tokio::spawn(renew_lease(
+                shared.clone(),
+                session.to_owned(),
+                opened.stream,
+                lease,
+                position.clone(),
+            )))
+        });
+        Self {
+            session: session.to_owned(),
+            epoch: opened.epoch,
+            stream: opened.stream,
+            request,
+            position,
+            _lease: renewal,
+        }
+    }
+
+    /// The cursor of the stream's current position: the last event written, or the start.
+    pub(crate) fn current_cursor(&self) -> String {
+        let seq = locked(&self.position).next_seq.saturating_sub(1);
+        format!("{}-{}-{seq}", self.epoch, self.stream)
+    }
+
+    /// The event id of the stream's current position, with the request suffix.
+    fn current_id(&self) -> String {
+        event_id::format(&self.current_cursor(), self.request.as_ref())
+    }
+
+    /// Writes `message` (as the terminal frame with `Complete` when `terminal`) through the
+    /// shared appender, at the seq this writer expects, and returns its cursor once durable.
+    pub(crate) async fn write(
+        &self,
+        shared: &Shared,
+        message: &ServerJsonRpcMessage,
+        terminal: bool,
+    ) -> Result<String> {
+        let next_seq = locked(&self.position).next_seq;
+        let new_event = pb::NewEvent {
+            kind: kind(message).to_owned(),
+            correlation: self.request.as_ref().map(event_id::correlation),
+            payload: serde_json::to_vec(message)?,
+        };
+        if terminal {
+            let complete = pb::CompleteRequest {
+                session: self.session.clone(),
+                stream: self.stream,
+                expected_next_seq: Some(next_seq),
+                terminal: Some(new_event),
+            };
+            return match shared.appender.write(Write::Complete(complete)).await? {
+                Written::Completed(done) => Ok(done.terminal_event_id),
+                Written::Appended(_) => {
+                    Err(Error::Protocol("Complete answered as an append".into()))
+                }
+            };
+        }
+        let append = pb::AppendRequest {
+            session: self.session.clone(),
+            stream: self.stream,
+            expected_next_seq: Some(next_seq),
+            events: vec![new_event],
+        };
+        let appended = match shared.appender.write(Write::Append(append)).await? {
+            Written::Appended(a) => a,
+            Written::Completed(_) => {
+                return Err(Error::Protocol("Append answered as a completion".into()))
+            }
+        };
+        {
+            let mut position = locked(&self.position);
+            position.next_seq = appended.last_seq + 1;
+            position.last_write = Instant::now();
+        }
+        appended
+            .event_ids
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Protocol("Append returned no event id".into()))
+    }
+}
+
+/// rmcp's `EventStore` for one MCP session; see the module docs. Made by
+/// [`crate::CursorlogSessionManager`] for each session it creates or restores.
 #[derive(Debug, Clone)]
-pub struct CursorlogEventStore {
+pub struct SessionEventStore {
     inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
 struct Inner {
-    client: Client,
-    lease: Option<Duration>,
-    bindings: Mutex<HashMap<String, Binding>>,
-    pending: Mutex<Option<PendingStream>>,
-    epochs: Mutex<HashMap<String, u64>>,
+    session: String,
+    common_id: String,
+    shared: Arc<Shared>,
+    epoch: Mutex<Option<u64>>,
+    streams: Mutex<HashMap<String, Arc<Binding>>>,
+    /// `Some(request)` while the session manager creates a request stream: the request the
+    /// next new request stream answers.
+    expected: Mutex<Option<Option<RequestId>>>,
 }
 
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The maps are only touched in short non-panicking sections; a poisoned lock still holds
-    // consistent data, so keep going rather than take the replica down.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl CursorlogEventStore {
-    pub(crate) fn new(client: Client, lease: Option<Duration>) -> Self {
+impl SessionEventStore {
+    pub(crate) fn new(shared: Arc<Shared>, session: &str, epoch: Option<u64>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client,
-                lease,
-                bindings: Mutex::default(),
-                pending: Mutex::default(),
-                epochs: Mutex::default(),
+                session: session.to_owned(),
+                common_id: format!("{session}{COMMON_SUFFIX}"),
+                shared,
+                epoch: Mutex::new(epoch),
+                streams: Mutex::default(),
+                expected: Mutex::default(),
             }),
         }
     }
 
-    pub(crate) fn client(&self) -> Client {
-        self.inner.client.clone()
+    /// The MCP session this store writes into.
+    pub fn session(&self) -> &str {
+        &self.inner.session
     }
 
-    /// Declares the session and request the next unknown rmcp stream belongs to. The caller
-    /// serialises stream creation so that exactly one declaration is outstanding.
-    pub(crate) fn bind_next(&self, pending: Option<PendingStream>) {
-        *locked(&self.inner.pending) = pending;
+    /// Declares the request that the next new request stream answers. The session manager
+    /// calls it (and [`Self::expect_no_stream`] after) around rmcp's stream creation, one
+    /// creation at a time *per session*, so the declaration meets exactly its own stream.
+    pub(crate) fn expect_stream(&self, request: Option<RequestId>) {
+        *locked(&self.inner.expected) = Some(request);
     }
 
-    /// Opens the session in cursorlog (idempotent) and remembers its epoch.
-    pub(crate) async fn open_session(&self, session: &str) -> Result<u64> {
+    /// Ends a declaration made by [`Self::expect_stream`].
+    pub(crate) fn expect_no_stream(&self) {
+        *locked(&self.inner.expected) = None;
+    }
+
+    async fn epoch(&self, refresh: bool) -> Result<u64> {
+        if !refresh {
+            if let Some(e) = *locked(&self.inner.epoch) {
+                return Ok(e);
+            }
+        }
         let epoch = self
-            .client()
+            .inner
+            .shared
+            .client
+            .clone()
             .open_session(pb::OpenSessionRequest {
-                session: session.to_owned(),
+                session: self.inner.session.clone(),
                 state: None,
             })
             .await
             .map_err(Error::rpc("OpenSession"))?
             .into_inner()
             .epoch;
-        locked(&self.inner.epochs).insert(session.to_owned(), epoch);
+        *locked(&self.inner.epoch) = Some(epoch);
         Ok(epoch)
     }
 
-    /// Forgets the session's streams (stopping their lease renewal) and expires it in
-    /// cursorlog: its open streams are aborted and its cursors answer UNKNOWN_SESSION.
-    pub(crate) async fn close_session(&self, session: &str) -> Result<()> {
-        locked(&self.inner.bindings).retain(|_, b| b.session != session);
-        locked(&self.inner.epochs).remove(session);
-        expire_session(self.client(), session).await
-    }
-
-    /// Resumes after `last_event_id` in `session` through the `EventStore` trait: the
-    /// verdict decides what the client gets.
-    pub(crate) async fn resume(
-        &self,
-        session: &str,
-        last_event_id: &str,
-    ) -> std::result::Result<EventStream, EventStoreError> {
-        PRESENTING_SESSION
-            .scope(session.to_owned(), self.replay_events_after(last_event_id))
-            .await
-    }
-
-    async fn binding(&self, stream_id: &str) -> Result<Binding> {
-        if let Some(b) = locked(&self.inner.bindings).get(stream_id) {
-            return Ok(b.clone());
+    /// The binding of `stream_id`, opening its cursorlog stream on first sight. A new request
+    /// stream is only ever bound by its priming event (rmcp stores it first, and the session
+    /// manager declared its request): any other event of an unknown request stream is refused,
+    /// so a stray write can never take another stream's declaration.
+    async fn binding(&self, stream_id: &str, priming: bool) -> Result<(Arc<Binding>, bool)> {
+        if let Some(b) = locked(&self.inner.streams).get(stream_id) {
+            return Ok((b.clone(), false));
         }
-        let (session, request, lease) = match stream_id.strip_suffix(COMMON_SUFFIX) {
-            Some(session) => (session.to_owned(), None, None),
-            None => {
-                let pending =
-                    locked(&self.inner.pending)
-                        .take()
-                        .ok_or_else(|| Error::UnboundStream {
-                            stream_id: stream_id.to_owned(),
-                        })?;
-                (pending.session, pending.request, self.inner.lease)
-            }
+        let (request, lease) = if stream_id == self.inner.common_id {
+            (None, None)
+        } else if stream_id.ends_with(COMMON_SUFFIX) {
+            return Err(Error::ForeignStream {
+                stream_id: stream_id.to_owned(),
+                session: self.inner.session.clone(),
+            });
+        } else {
+            let declared = if priming {
+                locked(&self.inner.expected).take()
+            } else {
+                None
+            };
+            let request = declared.ok_or_else(|| Error::UnboundStream {
+                stream_id: stream_id.to_owned(),
+            })?;
+            (request, self.inner.shared.lease)
         };
-        let opened = self.open_stream(&session, request.as_ref(), lease).await?;
-        let keepalive = lease.map(|lease| {
-            Arc::new(KeepAlive(tokio::spawn(renew_lease(
-                self.client(),
-                session.clone(),
-                opened.stream,
-                lease,
-            ))))
-        });
-        let binding = Binding {
-            session,
-            epoch: opened.epoch,
-            stream: opened.stream,
+        let opened = self.open_stream(request.as_ref(), lease).await?;
+        let binding = Arc::new(Binding::new(
+            &self.inner.shared,
+            &self.inner.session,
+            &opened,
             request,
-            _keepalive: keepalive,
-        };
-        locked(&self.inner.bindings).insert(stream_id.to_owned(), binding.clone());
+            lease,
+        ));
+        locked(&self.inner.streams).insert(stream_id.to_owned(), binding.clone());
         tracing::debug!(
             stream_id,
-            session = %binding.session,
+            session = %self.inner.session,
             stream = binding.stream,
             "bound rmcp stream to cursorlog stream"
         );
-        Ok(binding)
+        Ok((binding, true))
     }
 
     async fn open_stream(
         &self,
-        session: &str,
         request: Option<&RequestId>,
         lease: Option<Duration>,
     ) -> Result<pb::OpenStreamResponse> {
-        let cached = locked(&self.inner.epochs).get(session).copied();
-        let mut epoch = match cached {
-            Some(e) => e,
-            None => self.open_session(session).await?,
-        };
-        let mut refreshed = cached.is_none();
+        let mut refreshed = false;
+        let mut epoch = self.epoch(false).await?;
         loop {
             let req = pb::OpenStreamRequest {
-                session: session.to_owned(),
+                session: self.inner.session.clone(),
                 epoch,
                 correlation: request.map(event_id::correlation),
                 lease_ms: lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX).max(1)),
             };
-            match self.client().open_stream(req).await {
+            match self.inner.shared.client.clone().open_stream(req).await {
                 Ok(r) => return Ok(r.into_inner()),
-                // The epoch moved on elsewhere (or the cache is from before a restart): ask once.
+                // The epoch moved on (or the cached one predates a restart): ask once.
                 Err(s) if s.code() == Code::FailedPrecondition && !refreshed => {
-                    epoch = self.open_session(session).await?;
+                    epoch = self.epoch(true).await?;
                     refreshed = true;
                 }
                 Err(status) => {
@@ -228,115 +320,63 @@ impl CursorlogEventStore {
     }
 
     async fn write(&self, stream_id: &str, event: &ServerSseMessage) -> Result<String> {
-        let b = self.binding(stream_id).await?;
+        let (b, fresh) = self.binding(stream_id, event.message.is_none()).await?;
         let Some(message) = event.message.as_deref() else {
-            // Priming: the cursor before the first event replays the whole stream.
-            let start = format!("{}-{}-0", b.epoch, b.stream);
-            return Ok(event_id::format(&start, b.request.as_ref()));
+            // Priming. On an existing stream it precedes a server-initiated close
+            // (`close_sse_stream`): close this stream's resumed connections too.
+            if !fresh {
+                self.inner.shared.closers.close(b.stream, event.retry);
+            }
+            return Ok(b.current_id());
         };
-        let payload = serde_json::to_vec(message)?;
-        let new_event = pb::NewEvent {
-            kind: kind(message).to_owned(),
-            correlation: b.request.as_ref().map(event_id::correlation),
-            payload,
-        };
-        let cursor = if answers(message, b.request.as_ref()) {
-            let done = self
-                .client()
-                .complete(pb::CompleteRequest {
-                    session: b.session.clone(),
-                    stream: b.stream,
-                    expected_next_seq: None,
-                    terminal: Some(new_event),
-                })
-                .await
-                .map_err(Error::rpc("Complete"))?
-                .into_inner();
-            // The stream is finished: stop renewing its lease.
-            locked(&self.inner.bindings).remove(stream_id);
-            done.terminal_event_id
-        } else {
-            let appended = self
-                .client()
-                .append(pb::AppendRequest {
-                    session: b.session.clone(),
-                    stream: b.stream,
-                    expected_next_seq: None,
-                    events: vec![new_event],
-                })
-                .await
-                .map_err(Error::rpc("Append"))?
-                .into_inner();
-            appended
-                .event_ids
-                .into_iter()
-                .next()
-                .ok_or_else(|| Error::Protocol("Append returned no event id".into()))?
-        };
+        let terminal = answers(message, b.request.as_ref());
+        if terminal {
+            // Finished or not, this process stops renewing the stream's lease: if the
+            // response could not be stored, the lease runs out and a resuming client gets the
+            // "producer aborted" error instead of waiting forever.
+            locked(&self.inner.streams).remove(stream_id);
+        }
+        let cursor = b.write(&self.inner.shared, message, terminal).await?;
         Ok(event_id::format(&cursor, b.request.as_ref()))
     }
 }
 
 #[async_trait::async_trait]
-impl EventStore for CursorlogEventStore {
+impl EventStore for SessionEventStore {
     async fn store_event(
         &self,
         stream_id: &str,
         event: &ServerSseMessage,
     ) -> std::result::Result<EventId, EventStoreError> {
         self.write(stream_id, event).await.map_err(|e| {
-            tracing::error!(stream_id, error = %e, "cursorlog: storing an SSE event failed");
+            tracing::error!(
+                session = %self.inner.session,
+                stream_id,
+                error = %e,
+                "cursorlog: storing an SSE event failed; rmcp will not send it"
+            );
             Box::new(e) as EventStoreError
         })
     }
 
-    /// Replays the events after `last_event_id` and then follows the stream live, whichever
-    /// replica appends to it, until its terminal frame; or answers the verdict that forbids it
-    /// (see [`crate::replay`]).
-    ///
-    /// The cursor is judged inside the session that presents it, which rmcp does not pass
-    /// here: `resume` of [`crate::CursorlogSessionManager`] supplies it. Called any other way (rmcp's
-    /// `LocalSessionManager`, or 2026-07-28 stateless traffic, whose spec says `Last-Event-ID`
-    /// is to be ignored) there is no session, and it refuses rather than guess one.
+    /// Resumes `last_event_id` inside this store's session; see [`crate::replay`]. rmcp calls
+    /// [`crate::CursorlogSessionManager`]'s `resume` instead, which does the same.
     async fn replay_events_after(
         &self,
         last_event_id: &str,
     ) -> std::result::Result<EventStream, EventStoreError> {
-        if let Ok(session) = PRESENTING_SESSION.try_with(String::clone) {
-            return replay::resume(self.client(), &session, last_event_id)
-                .await
-                .map_err(|e| {
-                    tracing::warn!(session, last_event_id, error = %e, "cursorlog: resume failed");
-                    Box::new(e) as EventStoreError
-                });
-        }
-        tracing::warn!(
+        crate::replay::resume(
+            self.inner.shared.clone(),
+            &self.inner.session,
             last_event_id,
-            "cursorlog: resume without an MCP session refused (stateless streams are not resumable)"
-        );
-        Err("cursorlog-rmcp resumes only inside an MCP session (legacy session mode)".into())
-    }
-}
-
-/// Expires `session` in cursorlog; an unknown or already expired session is fine.
-pub(crate) async fn expire_session(mut client: Client, session: &str) -> Result<()> {
-    match client
-        .expire_session(pb::ExpireSessionRequest {
-            session: session.to_owned(),
-        })
+        )
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => Ok(()),
-        Err(status) => Err(Error::Rpc {
-            op: "ExpireSession",
-            status,
-        }),
+        .map_err(|e| Box::new(e) as EventStoreError)
     }
 }
 
 /// Whether `message` answers the stream's own request, which makes it the terminal frame.
-fn answers(message: &ServerJsonRpcMessage, request: Option<&RequestId>) -> bool {
+pub(crate) fn answers(message: &ServerJsonRpcMessage, request: Option<&RequestId>) -> bool {
     let Some(request) = request else {
         return false;
     };
@@ -348,7 +388,7 @@ fn answers(message: &ServerJsonRpcMessage, request: Option<&RequestId>) -> bool 
 }
 
 /// The event kind cursorlog records, for `cursorlog inspect` and metrics.
-fn kind(message: &ServerJsonRpcMessage) -> &'static str {
+pub(crate) fn kind(message: &ServerJsonRpcMessage) -> &'static str {
     match message {
         ServerJsonRpcMessage::Request(_) => "request",
         ServerJsonRpcMessage::Notification(_) => "notification",
@@ -357,13 +397,23 @@ fn kind(message: &ServerJsonRpcMessage) -> &'static str {
     }
 }
 
-/// Renews the producer lease every third of its length until the stream is terminal (or the
-/// task is aborted because this process finished or forgot the stream).
-async fn renew_lease(client: Client, session: String, stream: u64, lease: Duration) {
+/// Renews the producer lease every third of its length unless a write did, until the stream
+/// is terminal (or the task is aborted because this process finished or forgot the stream).
+pub(crate) async fn renew_lease(
+    shared: Arc<Shared>,
+    session: String,
+    stream: u64,
+    lease: Duration,
+    position: Arc<Mutex<Position>>,
+) {
     let period = (lease / 3).max(Duration::from_millis(10));
     loop {
         tokio::time::sleep(period).await;
-        let r = client
+        if locked(&position).last_write.elapsed() < period {
+            continue;
+        }
+        let r = shared
+            .client
             .clone()
             .keep_alive(pb::KeepAliveRequest {
                 session: session.clone(),
@@ -388,49 +438,21 @@ mod tests {
     use super::*;
     use rmcp::model::{ErrorCode, ErrorData};
 
-    fn unreachable_store() -> CursorlogEventStore {
-        // Nothing listens there: the paths under test must refuse before any call.
-        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
-        CursorlogEventStore::new(
-            cursorlog_proto::v1::cursor_log_client::CursorLogClient::with_interceptor(
-                channel,
-                crate::BearerToken::default(),
-            ),
-            None,
-        )
-    }
-
-    #[tokio::test]
-    async fn a_stream_no_session_manager_bound_is_refused_not_guessed() {
-        let store = unreachable_store();
-        let event = ServerSseMessage::from_message(ServerJsonRpcMessage::error(
-            ErrorData::new(ErrorCode(-1), "x", None),
-            None,
-        ));
-        let err = store
-            .store_event("0b5a2c1e-uuid-of-a-post-stream", &event)
-            .await
-            .expect_err("an unbound stream has no session to live in");
-        let err = err.downcast::<Error>().expect("the adapter's error");
-        assert!(matches!(*err, Error::UnboundStream { .. }), "{err}");
-    }
-
-    #[tokio::test]
-    async fn replay_without_a_session_is_refused() {
-        let store = unreachable_store();
-        assert!(store.replay_events_after("1-2-3.n1").await.is_err());
+    fn error_to(id: RequestId) -> ServerJsonRpcMessage {
+        ServerJsonRpcMessage::error(ErrorData::new(ErrorCode(-1), "x", None), Some(id))
     }
 
     #[test]
     fn only_the_response_to_the_streams_own_request_is_terminal() {
-        let ok =
-            |id| ServerJsonRpcMessage::error(ErrorData::new(ErrorCode(-1), "x", None), Some(id));
         let own = RequestId::Number(4);
-        assert!(answers(&ok(RequestId::Number(4)), Some(&own)));
-        assert!(!answers(&ok(RequestId::Number(5)), Some(&own)));
-        assert!(!answers(&ok(RequestId::String("4".into())), Some(&own)));
+        assert!(answers(&error_to(RequestId::Number(4)), Some(&own)));
+        assert!(!answers(&error_to(RequestId::Number(5)), Some(&own)));
+        assert!(!answers(
+            &error_to(RequestId::String("4".into())),
+            Some(&own)
+        ));
         assert!(
-            !answers(&ok(RequestId::Number(4)), None),
+            !answers(&error_to(RequestId::Number(4)), None),
             "standalone streams never end"
         );
     }

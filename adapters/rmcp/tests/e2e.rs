@@ -9,49 +9,11 @@ use std::time::{Duration, Instant};
 
 use cursorlog_rmcp::{PRODUCER_ABORTED, RESUME_DISCONTINUITY};
 use harness::{
-    call_countdown, connect, executions, expected_progress, pb, session_of_first_execution,
-    Cluster, Proxy, Replica, Server,
+    call_countdown, connect, countdown_stream, executions, expected_progress, head, pb, Cluster,
+    Proxy, Replica, Server,
 };
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The cursorlog stream answering the first `countdown` call, found the way an operator would:
-/// by the MCP session and JSON-RPC request id in the replica's execution log.
-async fn countdown_stream(cl: &Server, log: &std::path::Path) -> (String, pb::Outcome) {
-    let session = session_of_first_execution(log);
-    let line = executions(log).into_iter().next().unwrap();
-    let request = line.rsplit("id=").next().unwrap().to_owned();
-    let found = cl
-        .client()
-        .await
-        .get_outcome(pb::GetOutcomeRequest {
-            session: session.clone(),
-            correlation: request,
-            stream: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (
-        session,
-        found.outcome.expect("the call's stream is in cursorlog"),
-    )
-}
-
-async fn head(cl: &Server, session: &str, outcome: &pb::Outcome) -> u64 {
-    let r = cl
-        .client()
-        .await
-        .resolve(pb::ResolveRequest {
-            session: session.to_owned(),
-            last_event_id: format!("{}-{}-0", outcome.epoch, outcome.stream),
-            declared_stream: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    r.head.unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_mid_call_resumes_on_the_other_replica_with_every_event_once() {
@@ -107,8 +69,11 @@ async fn cut_mid_call_resumes_on_the_other_replica_with_every_event_once() {
     client.cancel().await.unwrap();
 }
 
+/// The call finishes on A while the client is away; the client resumes its own stream on B
+/// and gets every progress notification it missed, once, then the result (DESIGN.md:
+/// `STREAM_TERMINATED` before the terminal seq, resuming the same stream).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finished_while_away_delivers_only_the_terminal_frame() {
+async fn finished_while_away_delivers_every_missed_event_then_the_result() {
     let c = Cluster::start(10_000);
     let (cl, log) = (&c.cursorlog, &c.log);
     let proxy = Proxy::start(c.a.addr).await;
@@ -128,7 +93,10 @@ async fn finished_while_away_delivers_only_the_terminal_frame() {
         assert!(Instant::now() < deadline, "the call never completed on A");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let before = progress.seen();
+    assert!(
+        progress.seen().len() < 6,
+        "the client missed part of the call"
+    );
     proxy.release_to(c.b.addr);
 
     let result = tokio::time::timeout(CALL_TIMEOUT, call)
@@ -142,16 +110,18 @@ async fn finished_while_away_delivers_only_the_terminal_frame() {
     );
     assert_eq!(
         progress.seen(),
-        before,
-        "a finished stream's frames are never replayed into a new stream; only its outcome"
+        expected_progress(6),
+        "every missed progress notification, exactly once, in order"
     );
     assert_eq!(executions(log).len(), 1, "the tool ran once");
     client.cancel().await.unwrap();
 }
 
+/// With `--on-evicted error`, an evicted cursor ends the call with the explicit -32011 error
+/// (the deployment's choice), and nothing after the gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evicted_cursor_ends_the_call_with_an_explicit_error() {
-    let c = Cluster::start(10_000);
+async fn evicted_cursor_ends_the_call_with_an_explicit_error_when_configured() {
+    let c = Cluster::start_with(10_000, &[], &["--on-evicted", "error"]);
     let (cl, log) = (&c.cursorlog, &c.log);
     let proxy = Proxy::start(c.a.addr).await;
     let (progress, client) = connect(&proxy.url()).await;

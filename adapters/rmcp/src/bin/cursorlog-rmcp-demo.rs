@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use cursorlog_rmcp::{AdapterConfig, Cursorlog};
+use cursorlog_rmcp::{AdapterConfig, Cursorlog, OnEvicted};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
     ListToolsResult, NumberOrString, PaginatedRequestParams, ProgressNotificationParam,
@@ -43,6 +43,10 @@ struct Args {
     /// SSE `retry` hint the client waits before reconnecting, in ms.
     #[arg(long, default_value_t = 3_000)]
     sse_retry_ms: u64,
+    /// What a client resuming from an evicted cursor gets: `mark-gap` (a warning, then the
+    /// rest of the stream) or `error` (the -32011 error).
+    #[arg(long, default_value = "mark-gap", value_parser = ["mark-gap", "error"])]
+    on_evicted: String,
 }
 
 #[derive(Debug, Clone)]
@@ -161,6 +165,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut adapter = AdapterConfig {
         lease: (args.lease_ms > 0).then(|| Duration::from_millis(args.lease_ms)),
+        on_evicted: match args.on_evicted.as_str() {
+            "error" => OnEvicted::EndWithError,
+            _ => OnEvicted::MarkGap,
+        },
         ..AdapterConfig::default()
     };
     adapter.session.sse_retry = Some(Duration::from_millis(args.sse_retry_ms));

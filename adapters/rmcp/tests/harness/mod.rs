@@ -38,7 +38,19 @@ impl Replica {
         lease_ms: u64,
         token: Option<&str>,
     ) -> Self {
+        Self::start_with(cursorlog, exec_log, lease_ms, token, &[])
+    }
+
+    /// A replica with extra command-line arguments.
+    pub fn start_with(
+        cursorlog: &Server,
+        exec_log: &Path,
+        lease_ms: u64,
+        token: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_cursorlog-rmcp-demo"));
+        command.args(extra);
         command.env_remove("CURSORLOG_AUTH_TOKEN");
         if let Some(token) = token {
             command.arg("--cursorlog-token").arg(token);
@@ -193,10 +205,15 @@ fn rewrite_head(bytes: &[u8], state: &ProxyState) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// An rmcp client handler that records progress messages.
+/// `(level, logger, data)` of a `notifications/message`.
+pub type LogMessage = (String, Option<String>, serde_json::Value);
+
+/// An rmcp client handler that records progress messages and `notifications/message` logs.
 #[derive(Debug, Clone, Default)]
 pub struct Recorder {
     pub progress: Arc<Mutex<Vec<String>>>,
+    /// Each `notifications/message` log message.
+    pub logs: Arc<Mutex<Vec<LogMessage>>>,
 }
 
 impl ClientHandler for Recorder {
@@ -207,6 +224,23 @@ impl ClientHandler for Recorder {
     ) {
         let message = params.message.unwrap_or_default();
         self.progress.lock().unwrap().push(message);
+    }
+
+    // Logging is deprecated in rmcp (SEP-2577) but is how a gap is marked for the client.
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let level = serde_json::to_value(params.level)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        self.logs
+            .lock()
+            .unwrap()
+            .push((level, params.logger, params.data));
     }
 }
 
@@ -317,11 +351,16 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(lease_ms: u64) -> Self {
-        let cursorlog = Server::start(&[]);
+        Self::start_with(lease_ms, &[], &[])
+    }
+
+    /// A cluster with extra `cursorlog serve` and replica arguments.
+    pub fn start_with(lease_ms: u64, server_args: &[&str], replica_args: &[&str]) -> Self {
+        let cursorlog = Server::start(server_args);
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("exec.log");
-        let a = Replica::start(&cursorlog, &log, lease_ms);
-        let b = Replica::start(&cursorlog, &log, lease_ms);
+        let a = Replica::start_with(&cursorlog, &log, lease_ms, None, replica_args);
+        let b = Replica::start_with(&cursorlog, &log, lease_ms, None, replica_args);
         Self {
             cursorlog,
             a,
@@ -330,4 +369,42 @@ impl Cluster {
             _dir: dir,
         }
     }
+}
+
+/// The cursorlog stream answering the first `countdown` call, found the way an operator would:
+/// by the MCP session and JSON-RPC request id in the replica's execution log.
+pub async fn countdown_stream(cl: &Server, log: &std::path::Path) -> (String, pb::Outcome) {
+    let session = session_of_first_execution(log);
+    let line = executions(log).into_iter().next().unwrap();
+    let request = line.rsplit("id=").next().unwrap().to_owned();
+    let found = cl
+        .client()
+        .await
+        .get_outcome(pb::GetOutcomeRequest {
+            session: session.clone(),
+            correlation: request,
+            stream: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (
+        session,
+        found.outcome.expect("the call's stream is in cursorlog"),
+    )
+}
+
+pub async fn head(cl: &Server, session: &str, outcome: &pb::Outcome) -> u64 {
+    let r = cl
+        .client()
+        .await
+        .resolve(pb::ResolveRequest {
+            session: session.to_owned(),
+            last_event_id: format!("{}-{}-0", outcome.epoch, outcome.stream),
+            declared_stream: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.head.unwrap_or_default()
 }

@@ -1,0 +1,350 @@
+//! The appender: funnels the appends and completions of every session this replica serves
+//! into shared `AppendBatch` calls (Kafka-producer style), each caller still awaiting its own
+//! durable event id.
+//!
+//! No timer, no linger: a write that finds a free call slot is sent at once, alone, so an
+//! idle replica pays exactly one round trip per event. While `max_in_flight` calls are
+//! outstanding, new writes queue, and the next free slot takes everything queued (up to
+//! `max_items` items or `max_bytes` payload bytes) in one call. The busier the replica, the
+//! larger the batches; cursorlog group-commits each call's items with one fsync.
+//!
+//! Every write carries `expected_next_seq`, so a call that failed in transit (the answer was
+//! lost, not refused) is retried as a whole: items already written answer `duplicate = true`
+//! with their original ids, the rest are written once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cursorlog_proto::v1 as pb;
+use pb::batch_item::Item;
+use pb::batch_result::Result as BatchOutcome;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tonic::Code;
+
+use crate::error::{Error, Result};
+use crate::Client;
+
+/// How the appender batches; see the module docs.
+#[derive(Debug, Clone)]
+pub struct BatchConfig {
+    /// Most `AppendBatch` calls outstanding at once (at least 1). One call per round trip
+    /// already batches everything that arrives during the round trip; a few more keep the
+    /// connection busy while cursorlog syncs.
+    pub max_in_flight: usize,
+    /// Most items in one call (cursorlog accepts up to 4096).
+    pub max_items: usize,
+    /// Most payload bytes in one call, well below cursorlog's gRPC message limit (16 MiB by
+    /// default). A single larger write still goes out, alone.
+    pub max_bytes: usize,
+    /// How often a call that failed in transit (`UNAVAILABLE`, `UNKNOWN`) is retried before
+    /// its writes fail.
+    pub retries: u32,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 4,
+            max_items: 1024,
+            max_bytes: 4 << 20,
+            retries: 3,
+        }
+    }
+}
+
+/// One write: an append to a stream, or its completion.
+#[derive(Debug, Clone)]
+pub(crate) enum Write {
+    Append(pb::AppendRequest),
+    Complete(pb::CompleteRequest),
+}
+
+impl Write {
+    fn payload_bytes(&self) -> usize {
+        match self {
+            Self::Append(a) => a.events.iter().map(|e| e.payload.len()).sum(),
+            Self::Complete(c) => c.terminal.as_ref().map_or(0, |t| t.payload.len()),
+        }
+    }
+
+    fn op(&self) -> &'static str {
+        match self {
+            Self::Append(_) => "Append",
+            Self::Complete(_) => "Complete",
+        }
+    }
+
+    fn item(&self) -> pb::BatchItem {
+        let item = match self {
+            Self::Append(a) => Item::Append(a.clone()),
+            Self::Complete(c) => Item::Complete(c.clone()),
+        };
+        pb::BatchItem { item: Some(item) }
+    }
+}
+
+/// What cursorlog answered to one write.
+#[derive(Debug)]
+pub(crate) enum Written {
+    Appended(pb::AppendResponse),
+    Completed(pb::TerminateResponse),
+}
+
+struct Job {
+    write: Write,
+    reply: oneshot::Sender<Result<Written>>,
+}
+
+/// Counters of the appender since it started: how well writes are being coalesced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AppendStats {
+    /// `AppendBatch` calls sent (retries not counted).
+    pub calls: u64,
+    /// Writes (appends and completions) sent in them.
+    pub items: u64,
+    /// Calls retried after failing in transit.
+    pub retries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    calls: AtomicU64,
+    items: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// The shared batching writer; see the module docs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Appender {
+    tx: mpsc::UnboundedSender<Job>,
+    counters: Arc<Counters>,
+}
+
+impl Appender {
+    /// Starts the batching task on the current tokio runtime.
+    pub(crate) fn spawn(client: Client, config: BatchConfig) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let counters = Arc::new(Counters::default());
+        tokio::spawn(run(client, config, rx, counters.clone()));
+        Self { tx, counters }
+    }
+
+    /// Writes `write` in the next batch and returns cursorlog's answer to it, once durable.
+    pub(crate) async fn write(&self, write: Write) -> Result<Written> {
+        let (reply, answer) = oneshot::channel();
+        let op = write.op();
+        self.tx
+            .send(Job { write, reply })
+            .map_err(|_| Error::Protocol(format!("{op}: the batching task has stopped")))?;
+        answer
+            .await
+            .map_err(|_| Error::Protocol(format!("{op}: the batching task dropped the write")))?
+    }
+
+    /// Calls and items so far.
+    pub(crate) fn stats(&self) -> AppendStats {
+        AppendStats {
+            calls: self.counters.calls.load(Ordering::Relaxed),
+            items: self.counters.items.load(Ordering::Relaxed),
+            retries: self.counters.retries.load(Ordering::Relaxed),
+        }
+    }
+}
+
+async fn run(
+    client: Client,
+    config: BatchConfig,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    counters: Arc<Counters>,
+) {
+    let slots = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+    let max_items = config.max_items.clamp(1, 4096);
+    let mut carry: Option<Job> = None;
+    loop {
+        // A free slot first: while every slot is busy, writes queue up for the next batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carry.take() {
+            Some(job) => job,
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => return, // Every Appender handle is gone.
+            },
+        };
+        let mut bytes = first.write.payload_bytes();
+        let mut jobs = vec![first];
+        while jobs.len() < max_items {
+            let Ok(job) = rx.try_recv() else { break };
+            let more = job.write.payload_bytes();
+            if bytes + more > config.max_bytes {
+                carry = Some(job);
+                break;
+            }
+            bytes += more;
+            jobs.push(job);
+        }
+        counters.calls.fetch_add(1, Ordering::Relaxed);
+        counters
+            .items
+            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        tokio::spawn(send(
+            client.clone(),
+            jobs,
+            config.retries,
+            counters.clone(),
+            slot,
+        ));
+    }
+}
+
+/// Whether a failed call may not have reached cursorlog's decision (so a retry is safe and
+/// may succeed), as opposed to a refusal that a retry would only repeat.
+fn in_transit(code: Code) -> bool {
+    matches!(code, Code::Unavailable | Code::Unknown)
+}
+
+async fn send(
+    mut client: Client,
+    jobs: Vec<Job>,
+    retries: u32,
+    counters: Arc<Counters>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let items: Vec<pb::BatchItem> = jobs.iter().map(|j| j.write.item()).collect();
+    let mut attempt = 0;
+    let answer = loop {
+        let request = pb::AppendBatchRequest {
+            items: items.clone(),
+        };
+        match client.append_batch(request).await {
+            Ok(r) => break Ok(r.into_inner().results),
+            Err(status) if in_transit(status.code()) && attempt < retries => {
+                attempt += 1;
+                counters.retries.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(attempt, error = %status, "cursorlog: AppendBatch failed in transit; retrying");
+                tokio::time::sleep(Duration::from_millis(50) * 2_u32.pow(attempt - 1)).await;
+            }
+            Err(status) => break Err(status),
+        }
+    };
+    match answer {
+        Ok(results) if results.len() == jobs.len() => {
+            for (job, result) in jobs.into_iter().zip(results) {
+                let op = job.write.op();
+                let _ = job.reply.send(outcome(op, result));
+            }
+        }
+        Ok(results) => {
+            let n = jobs.len();
+            for job in jobs {
+                let _ = job.reply.send(Err(Error::Protocol(format!(
+                    "AppendBatch answered {} results for {n} items",
+                    results.len()
+                ))));
+            }
+        }
+        Err(status) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(Error::Rpc {
+                    op: job.write.op(),
+                    status: status.clone(),
+                }));
+            }
+        }
+    }
+}
+
+fn outcome(op: &'static str, result: pb::BatchResult) -> Result<Written> {
+    match result.result {
+        Some(BatchOutcome::Appended(a)) if op == "Append" => Ok(Written::Appended(a)),
+        Some(BatchOutcome::Completed(c)) if op == "Complete" => Ok(Written::Completed(c)),
+        Some(BatchOutcome::Failure(f)) => Err(Error::Rpc {
+            op,
+            status: tonic::Status::new(Code::from_i32(f.code), f.message),
+        }),
+        other => Err(Error::Protocol(format!(
+            "AppendBatch answered {other:?} to an {op}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::fake::{self, Fake};
+
+    fn append(stream: u64, seq: u64) -> Write {
+        Write::Append(pb::AppendRequest {
+            session: "s".into(),
+            stream,
+            expected_next_seq: Some(seq),
+            events: vec![pb::NewEvent {
+                kind: "notification".into(),
+                correlation: None,
+                payload: b"{}".to_vec(),
+            }],
+        })
+    }
+
+    fn config(retries: u32) -> BatchConfig {
+        BatchConfig {
+            retries,
+            ..BatchConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_failed_in_transit_is_retried_and_each_write_gets_its_answer() {
+        let fake = Arc::new(Fake::default());
+        fake.batch_failures.store(2, Ordering::SeqCst);
+        let appender = Appender::spawn(fake::start(fake.clone()).await, config(3));
+        let Written::Appended(a) = appender.write(append(7, 3)).await.unwrap() else {
+            panic!("an append is answered as one")
+        };
+        assert_eq!(a.event_ids, ["1-7-3"]);
+        assert_eq!(fake.batch_calls.load(Ordering::SeqCst), 3);
+        assert_eq!(appender.stats().retries, 2);
+        assert_eq!((appender.stats().calls, appender.stats().items), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn after_the_retries_a_write_fails_with_the_calls_status() {
+        let fake = Arc::new(Fake::default());
+        fake.batch_failures.store(10, Ordering::SeqCst);
+        let appender = Appender::spawn(fake::start(fake.clone()).await, config(2));
+        let err = appender.write(append(7, 1)).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Rpc { op: "Append", status } if status.code() == Code::Unavailable),
+            "{err}"
+        );
+        assert_eq!(
+            fake.batch_calls.load(Ordering::SeqCst),
+            3,
+            "1 call + 2 retries"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_item_fails_alone_and_is_not_retried() {
+        let fake = Arc::new(Fake::default());
+        *fake.refused_stream.lock().unwrap() = Some(9);
+        let appender = Appender::spawn(
+            fake::start(fake.clone()).await,
+            BatchConfig {
+                max_in_flight: 1,
+                ..config(3)
+            },
+        );
+        let (refused, fine) =
+            tokio::join!(appender.write(append(9, 1)), appender.write(append(8, 1)));
+        let err = refused.unwrap_err();
+        assert_eq!(err.code(), Some(Code::FailedPrecondition), "{err}");
+        assert!(err.to_string().contains("stream 9 is terminated"), "{err}");
+        assert!(matches!(fine.unwrap(), Written::Appended(a) if a.stream == 8));
+        assert_eq!(appender.stats().retries, 0);
+    }
+}

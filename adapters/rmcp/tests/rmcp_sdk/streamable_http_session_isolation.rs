@@ -1,0 +1,206 @@
+use std::{sync::Arc, time::Duration};
+
+use rmcp::{
+    model::{
+        ClientJsonRpcMessage, ClientRequest, PingRequest, RequestId, ServerJsonRpcMessage,
+        ServerResult,
+    },
+    transport::{
+        streamable_http_server::session::{SessionId, SessionManager},
+        Transport,
+    },
+};
+use tokio::task::JoinHandle;
+
+// cursorlog: this adapter's session manager in place of `LocalSessionManager`.
+use crate::cursorlog::Cursorlog;
+use cursorlog_rmcp::CursorlogSessionManager as LocalSessionManager;
+
+/// Virtual time: the tests run with the clock paused.
+/// cursorlog: real time (the manager talks to a real cursorlog over TCP, which a paused clock
+/// would time out), so the probes get real seconds.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StuckCall {
+    Initialize,
+    CreateStream,
+    CreateStandaloneStream,
+    Resume,
+    AcceptMessage,
+}
+
+fn ping() -> ClientJsonRpcMessage {
+    ClientJsonRpcMessage::request(
+        ClientRequest::PingRequest(PingRequest::default()),
+        RequestId::Number(1),
+    )
+}
+
+/// With the clock paused, time only moves when every task is blocked, so this
+/// returns after all spawned tasks have run as far as they can.
+/// cursorlog: in real time, 100 ms for the spawned calls to reach the stuck worker. Only the
+/// `!is_finished()` checks depend on it, and they hold however long it waits.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+fn spawn_call(
+    manager: &Arc<LocalSessionManager>,
+    id: &SessionId,
+    call: StuckCall,
+) -> JoinHandle<()> {
+    let manager = manager.clone();
+    let id = id.clone();
+    tokio::spawn(async move {
+        match call {
+            StuckCall::Initialize => {
+                let _ = manager.initialize_session(&id, ping()).await;
+            }
+            StuckCall::CreateStream => {
+                let _ = manager.create_stream(&id, ping()).await;
+            }
+            StuckCall::CreateStandaloneStream => {
+                let _ = manager.create_standalone_stream(&id).await;
+            }
+            StuckCall::Resume => {
+                let _ = manager.resume(&id, "0".to_owned()).await;
+            }
+            StuckCall::AcceptMessage => {
+                // The worker no longer reads its event channel, so the push
+                // after the channel is full waits.
+                // cursorlog: rmcp's default channel capacity (the adapter's default too).
+                for _ in 0..=rmcp::transport::streamable_http_server::session::local::SessionConfig::DEFAULT_CHANNEL_CAPACITY {
+                    let _ = manager.accept_message(&id, ping()).await;
+                }
+            }
+        }
+    })
+}
+
+/// While a call waits on the worker of one session, the manager must still
+/// create new sessions and look up other sessions.
+// cursorlog: rstest's five `#[case]`s written out as five tests (no rstest dependency).
+#[tokio::test]
+async fn waiting_on_one_session_does_not_block_other_sessions_case_1_initialize(
+) -> anyhow::Result<()> {
+    waiting_on_one_session_does_not_block_other_sessions(StuckCall::Initialize).await
+}
+#[tokio::test]
+async fn waiting_on_one_session_does_not_block_other_sessions_case_2_create_stream(
+) -> anyhow::Result<()> {
+    waiting_on_one_session_does_not_block_other_sessions(StuckCall::CreateStream).await
+}
+#[tokio::test]
+async fn waiting_on_one_session_does_not_block_other_sessions_case_3_create_standalone_stream(
+) -> anyhow::Result<()> {
+    waiting_on_one_session_does_not_block_other_sessions(StuckCall::CreateStandaloneStream).await
+}
+#[tokio::test]
+async fn waiting_on_one_session_does_not_block_other_sessions_case_4_resume() -> anyhow::Result<()>
+{
+    waiting_on_one_session_does_not_block_other_sessions(StuckCall::Resume).await
+}
+#[tokio::test]
+async fn waiting_on_one_session_does_not_block_other_sessions_case_5_accept_message(
+) -> anyhow::Result<()> {
+    waiting_on_one_session_does_not_block_other_sessions(StuckCall::AcceptMessage).await
+}
+
+async fn waiting_on_one_session_does_not_block_other_sessions(
+    call: StuckCall,
+) -> anyhow::Result<()> {
+    let cl = Cursorlog::start(); // cursorlog
+    let manager = Arc::new(cl.manager());
+    let (other_id, _other_transport) = manager.create_session().await?;
+    // Nothing answers on this transport, so the worker never gets the
+    // initialize response and stops reading session events.
+    let (stuck_id, mut stuck_transport) = manager.create_session().await?;
+
+    let mut stuck = vec![spawn_call(&manager, &stuck_id, StuckCall::Initialize)];
+    // The worker has passed initialize on and now waits for the response.
+    assert!(
+        stuck_transport.receive().await.is_some(),
+        "the worker did not pass initialize on"
+    );
+    if call != StuckCall::Initialize {
+        stuck.push(spawn_call(&manager, &stuck_id, call));
+    }
+    settle().await;
+
+    // A new client connects while the call is waiting...
+    let create = tokio::spawn({
+        let manager = manager.clone();
+        async move { manager.create_session().await.map(|(id, _)| id) }
+    });
+    settle().await;
+
+    // ...and a request arrives on another session.
+    let lookup = tokio::time::timeout(PROBE_TIMEOUT, manager.has_session(&other_id)).await;
+    assert!(
+        matches!(lookup, Ok(Ok(true))),
+        "has_session blocked: {lookup:?}"
+    );
+    let created = tokio::time::timeout(PROBE_TIMEOUT, create).await;
+    assert!(
+        matches!(created, Ok(Ok(Ok(_)))),
+        "create_session blocked: {created:?}"
+    );
+
+    for task in stuck {
+        assert!(
+            !task.is_finished(),
+            "the call on the stuck session should still be waiting"
+        );
+        task.abort();
+    }
+    Ok(())
+}
+
+/// `close_session` must not wait for a pending `initialize`. The worker reads
+/// session events only after initialization, so the pending call still waits
+/// for the handler and still gets its response.
+#[tokio::test] // cursorlog: real time (see PROBE_TIMEOUT)
+async fn close_session_does_not_wait_for_pending_initialize() -> anyhow::Result<()> {
+    let cl = Cursorlog::start(); // cursorlog
+    let manager = Arc::new(cl.manager());
+    let (id, mut transport) = manager.create_session().await?;
+    let initialize = tokio::spawn({
+        let manager = manager.clone();
+        let id = id.clone();
+        async move { manager.initialize_session(&id, ping()).await }
+    });
+    assert!(
+        transport.receive().await.is_some(),
+        "the worker did not pass initialize on"
+    );
+
+    let closed = tokio::time::timeout(PROBE_TIMEOUT, manager.close_session(&id)).await;
+    assert!(
+        matches!(closed, Ok(Ok(()))),
+        "close_session blocked: {closed:?}"
+    );
+    assert!(
+        !manager.has_session(&id).await?,
+        "the closed session is still in the map"
+    );
+
+    settle().await;
+    assert!(
+        !initialize.is_finished(),
+        "initialize should still wait for the handler"
+    );
+
+    transport
+        .send(ServerJsonRpcMessage::response(
+            ServerResult::empty(()),
+            RequestId::Number(1),
+        ))
+        .await?;
+    let response = tokio::time::timeout(PROBE_TIMEOUT, initialize).await;
+    assert!(
+        matches!(response, Ok(Ok(Ok(ServerJsonRpcMessage::Response(_))))),
+        "initialize did not get the handler's response: {response:?}"
+    );
+    Ok(())
+}
