@@ -163,6 +163,10 @@ impl CursorLog for Service {
                             duplicate: false,
                         })
                     }
+                    Some(pb::batch_item::Item::Open(_)) => R::Failure(pb::Failure {
+                        code: tonic::Code::Unimplemented as i32,
+                        message: "the fake does not open streams in a batch".into(),
+                    }),
                     None => R::Failure(pb::Failure {
                         code: tonic::Code::InvalidArgument as i32,
                         message: "empty item".into(),

@@ -34,11 +34,14 @@ async fn cut_mid_call_resumes_on_the_other_replica_with_every_event_once() {
         .expect("the resumed call finishes")
         .unwrap();
     assert_eq!(result.as_deref(), Ok("countdown of 8 done"));
+    // The result can overtake the last notifications' handler tasks: wait for them.
+    progress.wait_for(8).await;
     assert_eq!(
-        progress.seen(),
+        progress.seen_by_step(),
         expected_progress(8),
-        "every progress notification exactly once, in order"
+        "every progress notification exactly once"
     );
+    proxy.assert_steps_in_order();
     assert_eq!(executions(log).len(), 1, "the tool ran once");
     let resumes = proxy.resumes();
     assert!(
@@ -94,7 +97,7 @@ async fn finished_while_away_delivers_every_missed_event_then_the_result() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        progress.seen().len() < 6,
+        proxy.steps_on_the_wire().len() < 6,
         "the client missed part of the call"
     );
     proxy.release_to(c.b.addr);
@@ -108,11 +111,13 @@ async fn finished_while_away_delivers_every_missed_event_then_the_result() {
         Ok("countdown of 6 done"),
         "the stored result arrives"
     );
+    progress.wait_for(6).await;
     assert_eq!(
-        progress.seen(),
+        progress.seen_by_step(),
         expected_progress(6),
-        "every missed progress notification, exactly once, in order"
+        "every missed progress notification, exactly once"
     );
+    proxy.assert_steps_in_order();
     assert_eq!(executions(log).len(), 1, "the tool ran once");
     client.cancel().await.unwrap();
 }
@@ -256,7 +261,9 @@ async fn another_sessions_cursor_ends_the_call_and_reveals_nothing() {
         .unwrap()
         .unwrap();
     assert_eq!(x_result.as_deref(), Ok("countdown of 7 done"));
-    assert_eq!(x_progress.seen(), expected_progress(7));
+    x_progress.wait_for(7).await;
+    assert_eq!(x_progress.seen_by_step(), expected_progress(7));
+    px.assert_steps_in_order();
     x.cancel().await.unwrap();
     y.cancel().await.unwrap();
 }
@@ -310,7 +317,8 @@ async fn a_token_protected_cursorlog_works_with_the_token_and_refuses_without() 
         .unwrap()
         .unwrap();
     assert_eq!(result.as_deref(), Ok("countdown of 2 done"));
-    assert_eq!(progress.seen(), expected_progress(2));
+    progress.wait_for(2).await;
+    assert_eq!(progress.seen_by_step(), expected_progress(2));
     client.cancel().await.unwrap();
 
     // Without the token the replica cannot open the session, and the client is told so.

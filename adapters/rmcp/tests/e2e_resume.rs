@@ -70,10 +70,12 @@ async fn evicted_cursor_marks_the_gap_then_delivers_the_rest_and_the_result() {
     let first = data["first_evicted_seq"].as_u64().unwrap();
     assert_eq!(data["last_evicted_seq"], h);
     // What the client got: steps up to its cursor, then everything retained after the gap.
-    let got = progress.seen();
     let mut expected: Vec<String> = expected_progress(30);
     expected.drain(first as usize - 1..h as usize);
-    assert_eq!(got, expected, "the retained rest, once, in order");
+    progress.wait_for(expected.len()).await;
+    let got = progress.seen_by_step();
+    assert_eq!(got, expected, "the retained rest, once");
+    proxy.assert_steps_in_order();
     assert!(
         first > seen,
         "the gap starts after what the client had ({seen})"
@@ -103,11 +105,13 @@ async fn repeated_disconnects_of_one_call_resume_each_time() {
         .expect("the call finishes")
         .unwrap();
     assert_eq!(result.as_deref(), Ok("countdown of 12 done"));
+    progress.wait_for(12).await;
     assert_eq!(
-        progress.seen(),
+        progress.seen_by_step(),
         expected_progress(12),
-        "every event once, in order"
+        "every event once"
     );
+    proxy.assert_steps_in_order();
     assert!(
         proxy.resumes().len() >= 2,
         "resumed after each cut: {:?}",
@@ -129,6 +133,7 @@ async fn a_resumed_connection_starts_with_a_priming_event_and_the_retry_hint() {
         .unwrap()
         .unwrap();
     assert_eq!(result.as_deref(), Ok("countdown of 4 done"));
+    progress.wait_for(4).await;
     assert_eq!(progress.seen().len(), 4);
     let (session, outcome) = countdown_stream(&c.cursorlog, &c.log).await;
     let cursor = |seq: u64| format!("{}-{}-{seq}.n1", outcome.epoch, outcome.stream);

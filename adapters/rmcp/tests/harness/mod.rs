@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
 use rmcp::service::{NotificationContext, RunningService, ServiceError};
@@ -108,7 +108,12 @@ struct ProxyState {
     live: Mutex<Vec<JoinHandle<()>>>,
     rewrite: Mutex<Option<String>>,
     resumes: Mutex<Vec<String>>,
+    /// What each connection carried from the server to the client, in accept order.
+    wire: Mutex<Vec<Tap>>,
 }
+
+/// The server-to-client bytes of one proxied connection, recorded once written to the client.
+type Tap = Arc<Mutex<Vec<u8>>>;
 
 impl Proxy {
     pub async fn start(backend: SocketAddr) -> Self {
@@ -120,12 +125,15 @@ impl Proxy {
             live: Mutex::default(),
             rewrite: Mutex::default(),
             resumes: Mutex::default(),
+            wire: Mutex::default(),
         });
         let accept_state = state.clone();
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 let state = accept_state.clone();
-                let task = tokio::spawn(forward(socket, state));
+                let tap = Tap::default();
+                accept_state.wire.lock().unwrap().push(tap.clone());
+                let task = tokio::spawn(forward(socket, state, tap));
                 accept_state.live.lock().unwrap().push(task);
             }
         });
@@ -163,9 +171,42 @@ impl Proxy {
     pub fn resumes(&self) -> Vec<String> {
         self.state.resumes.lock().unwrap().clone()
     }
+
+    /// The countdown steps (`step N of M` → N) the proxy delivered to the client, connection
+    /// by connection in accept order: the order on the wire, which is what the adapter
+    /// controls. (rmcp's client runs each notification handler in its own task, so the order
+    /// a handler records is not the order the events arrived in.)
+    pub fn steps_on_the_wire(&self) -> Vec<u64> {
+        let taps = self.state.wire.lock().unwrap().clone();
+        let mut steps = Vec::new();
+        for tap in taps {
+            let bytes = tap.lock().unwrap().clone();
+            let text = String::from_utf8_lossy(&bytes);
+            for (at, _) in text.match_indices("step ") {
+                let digits: String = text[at + 5..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                if text[at + 5 + digits.len()..].starts_with(" of ") {
+                    steps.push(digits.parse().unwrap());
+                }
+            }
+        }
+        steps
+    }
+
+    /// Asserts the steps reached the client in strictly increasing order across every
+    /// connection and reconnection: none repeated, none out of order.
+    pub fn assert_steps_in_order(&self) {
+        let steps = self.steps_on_the_wire();
+        assert!(
+            steps.windows(2).all(|w| w[0] < w[1]),
+            "steps on the wire out of order or repeated: {steps:?}"
+        );
+    }
 }
 
-async fn forward(mut client: TcpStream, state: Arc<ProxyState>) {
+async fn forward(mut client: TcpStream, state: Arc<ProxyState>, tap: Tap) {
     let mut open = state.open.subscribe();
     if open.wait_for(|o| *o).await.is_err() {
         return;
@@ -183,7 +224,28 @@ async fn forward(mut client: TcpStream, state: Arc<ProxyState>) {
     if server.write_all(&head).await.is_err() {
         return;
     }
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    let upstream = async move {
+        let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+        let _ = to_server.shutdown().await;
+    };
+    let downstream = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from_server.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to_client.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    tap.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+        let _ = to_client.shutdown().await;
+    };
+    tokio::join!(upstream, downstream);
 }
 
 fn rewrite_head(bytes: &[u8], state: &ProxyState) -> Vec<u8> {
@@ -214,6 +276,8 @@ pub struct Recorder {
     pub progress: Arc<Mutex<Vec<String>>>,
     /// Each `notifications/message` log message.
     pub logs: Arc<Mutex<Vec<LogMessage>>>,
+    /// Rung after each progress message is recorded.
+    arrived: Arc<tokio::sync::Notify>,
 }
 
 impl ClientHandler for Recorder {
@@ -224,6 +288,7 @@ impl ClientHandler for Recorder {
     ) {
         let message = params.message.unwrap_or_default();
         self.progress.lock().unwrap().push(message);
+        self.arrived.notify_waiters();
     }
 
     // Logging is deprecated in rmcp (SEP-2577) but is how a gap is marked for the client.
@@ -245,20 +310,41 @@ impl ClientHandler for Recorder {
 }
 
 impl Recorder {
+    /// The progress messages in the order the handler ran. rmcp's client spawns a task per
+    /// notification, so this order is racy: compare it to an expected list with
+    /// [`Recorder::seen_by_step`], and check the wire order with [`Proxy::assert_steps_in_order`].
     pub fn seen(&self) -> Vec<String> {
         self.progress.lock().unwrap().clone()
     }
 
+    /// The progress messages sorted by their step number (a repeated step stays repeated).
+    pub fn seen_by_step(&self) -> Vec<String> {
+        let mut seen = self.seen();
+        seen.sort_by_key(|m| {
+            m.strip_prefix("step ")
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(u64::MAX)
+        });
+        seen
+    }
+
     /// Waits until at least `n` progress messages arrived.
     pub async fn wait_for(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.seen().len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "only {:?} progress arrived",
-                self.seen()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let arrived = async {
+            loop {
+                let next = self.arrived.notified();
+                if self.seen().len() >= n {
+                    return;
+                }
+                next.await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(20), arrived)
+            .await
+            .is_err()
+        {
+            panic!("only {:?} progress arrived, waited for {n}", self.seen());
         }
     }
 }
