@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use crate::activity::SessionActivity;
+use crate::admission::Admission;
 use crate::api::Stats;
 use crate::background::{
     check_disk, expire_idle_sessions, expire_leases, run_retention, spawn_index_flusher,
@@ -20,7 +21,7 @@ use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
 use crate::index::{prefix, KvRead};
 use crate::leases::Leases;
-use crate::mailbox::{send, wait, Admission, Command, Mailbox, Reply};
+use crate::mailbox::{send, wait, Command, Mailbox, Reply};
 use crate::recovery::{recover, RecoveryReport};
 use crate::shared::{Counters, Shared};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
@@ -151,7 +152,7 @@ impl Engine {
             log: rec.log,
             poisoned: false.into(),
             counters: Counters::default(),
-            summaries: crate::retention::Summaries::default(),
+            summaries: crate::log::Summaries::default(),
             poison_signal: tokio::sync::watch::channel(false).0,
             followers: Arc::new(Followers::default()),
             activity: SessionActivity::default(),

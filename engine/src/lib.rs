@@ -31,6 +31,7 @@
 //! ```
 
 mod activity;
+mod admission;
 mod api;
 mod apply;
 mod background;

@@ -1,14 +1,11 @@
-//! The writer's mailbox: the requests it takes, the answers it gives, and admission.
-//!
-//! Admission is bounded in bytes, not requests: a request waits before entering the queue
-//! while the requests queued and in the writer's current group hold more than
+//! The writer's mailbox: the requests it takes and the answers it gives. Sending goes
+//! through [`crate::admission`]: a request waits before entering the queue while the
+//! requests queued and in the writer's current group hold more than
 //! `writer_queue_bytes_max` (one request is always admitted into an empty queue, whatever
-//! its size). Blocking callers wait on a condition variable; async callers await a
-//! notification and never block a runtime worker.
+//! its size).
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
-use std::sync::{Condvar, Mutex, PoisonError};
 
 use crate::api::{
     Append, Appended, EpochAdvanced, NewEvent, OpenStream, SessionExpired, SessionInfo, StreamInfo,
@@ -146,76 +143,6 @@ pub(crate) struct Request {
 pub(crate) type Mailbox = Sender<Request>;
 /// The writer's side.
 pub(crate) type Inbox = Receiver<Request>;
-
-/// The byte budget of queued requests.
-#[derive(Debug)]
-pub(crate) struct Admission {
-    queued: Mutex<u64>,
-    limit: u64,
-    freed: Condvar,
-    freed_async: tokio::sync::Notify,
-}
-
-impl Admission {
-    pub(crate) fn new(limit: u64) -> Self {
-        Self {
-            queued: Mutex::new(0),
-            limit: limit.max(1),
-            freed: Condvar::new(),
-            freed_async: tokio::sync::Notify::new(),
-        }
-    }
-
-    fn try_take(&self, queued: &mut u64, n: u64) -> bool {
-        if *queued == 0 || queued.saturating_add(n) <= self.limit {
-            *queued += n;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Takes `n` bytes of the budget, waiting (blocking the thread) while it is spent.
-    pub(crate) fn take_blocking(&self, n: u64) {
-        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
-        while !self.try_take(&mut queued, n) {
-            queued = self
-                .freed
-                .wait(queued)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-
-    /// Takes `n` bytes of the budget, awaiting (never blocking) while it is spent.
-    pub(crate) async fn take(&self, n: u64) {
-        loop {
-            let freed = self.freed_async.notified();
-            let mut freed = std::pin::pin!(freed);
-            freed.as_mut().enable();
-            {
-                let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
-                if self.try_take(&mut queued, n) {
-                    return;
-                }
-            }
-            freed.await;
-        }
-    }
-
-    /// Gives `n` bytes back (the writer, once the request's group is done).
-    pub(crate) fn give_back(&self, n: u64) {
-        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
-        *queued = queued.saturating_sub(n);
-        drop(queued);
-        self.freed.notify_all();
-        self.freed_async.notify_waiters();
-    }
-
-    /// Bytes queued now.
-    pub(crate) fn queued(&self) -> u64 {
-        *self.queued.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 fn check_open(shared: &Shared) -> Result<()> {
     if shared.poisoned.load(Ordering::Acquire) {

@@ -7,18 +7,16 @@
 //! events all lie below their streams' watermarks is retired: the writer first carries the
 //! state born in them forward (snapshot records), syncs, and only then unlinks the files.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use std::sync::atomic::Ordering;
 
 use crate::clock::duration_ms;
 use crate::error::Result;
 use crate::index::KvRead;
-use crate::log::frames::{walk, Step, Windowed};
 use crate::log::Segment;
 use crate::mailbox::{Command, Reply};
-use crate::record::{tag, Record};
 use crate::shared::Shared;
 
 /// Most states one carry-forward or forget group holds: a retirement is many small groups,
@@ -33,77 +31,6 @@ pub(crate) struct Plan {
     /// Segments to retire, the LSN below which all their records lie, and the streams with
     /// events in them.
     pub retire: Option<(Vec<u64>, u64, Vec<u64>)>,
-}
-
-/// Per segment: the newest append time and, per stream, the highest event seq in it.
-#[derive(Debug)]
-pub(crate) struct SegmentSummary {
-    newest_ms: u64,
-    max_seq: BTreeMap<u64, u64>,
-}
-
-/// Summaries of sealed segments, by base LSN. A sealed segment never changes, so each is
-/// scanned once (and read with positional reads, not through its map, so a pass does not
-/// leave a whole segment resident), instead of on every retention pass.
-#[derive(Debug, Default)]
-pub(crate) struct Summaries(Mutex<HashMap<u64, Arc<SegmentSummary>>>);
-
-impl Summaries {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<SegmentSummary>>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn get(&self, seg: &Segment) -> Result<Arc<SegmentSummary>> {
-        if let Some(s) = self.lock().get(&seg.base_lsn()) {
-            return Ok(Arc::clone(s));
-        }
-        let summary = Arc::new(summarize(seg)?);
-        self.lock().insert(seg.base_lsn(), Arc::clone(&summary));
-        Ok(summary)
-    }
-
-    /// Forgets segments that are gone.
-    fn keep_only(&self, bases: &[u64]) {
-        self.lock().retain(|base, _| bases.contains(base));
-    }
-}
-
-fn summarize(seg: &Segment) -> Result<SegmentSummary> {
-    let mut s = SegmentSummary {
-        newest_ms: 0,
-        max_seq: BTreeMap::new(),
-    };
-    // Window by window (positional reads, not the map, so nothing stays resident), frame by
-    // frame. A frame that does not check is an error, never the end of the summary: a
-    // summary missing the streams after it could call live events dead and retire them.
-    let end = walk(&mut Windowed::new(seg), seg.base_lsn(), |step| {
-        let Step::Frame(f) = step else {
-            return Ok(Ok(()));
-        };
-        let event = match f.header.record_type {
-            tag::EVENT | tag::TERMINAL => match Record::decode(f.header.record_type, f.body) {
-                Ok(Record::Event(e)) => Some((e.stream, e.seq, e.at_ms)),
-                Ok(Record::Terminal(t)) if t.frame.is_some() => {
-                    Some((t.stream, t.terminal_seq, t.at_ms))
-                }
-                Ok(_) => None,
-                Err(why) => return Ok(Err(crate::error::CorruptionKind::BadBody(why))),
-            },
-            _ => None,
-        };
-        if let Some((stream, seq, at)) = event {
-            s.newest_ms = s.newest_ms.max(at);
-            let m = s.max_seq.entry(stream).or_insert(0);
-            *m = (*m).max(seq);
-        }
-        Ok(Ok(()))
-    })?;
-    if let Some((offset, kind)) = end.damage {
-        return Err(seg.corruption(offset, kind));
-    }
-    Ok(s)
 }
 
 /// Decides what to evict and retire now. Pure apart from reading segments and the index.

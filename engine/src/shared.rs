@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::activity::SessionActivity;
+use crate::admission::Admission;
 use crate::clock::{duration_ms, Clock};
 use crate::config::Config;
 use crate::error::Error;
 use crate::followers::Followers;
 use crate::index::Index;
 use crate::leases::Leases;
-use crate::log::Log;
-use crate::mailbox::Admission;
+use crate::log::{Log, Summaries};
 
 /// Counters for stats, all incremental (a scrape reads them, it never scans).
 #[derive(Debug, Default)]
@@ -41,7 +41,7 @@ pub(crate) struct Shared {
     pub poisoned: AtomicBool,
     pub counters: Counters,
     /// Retention's per-segment summaries (sealed segments never change).
-    pub summaries: crate::retention::Summaries,
+    pub summaries: Summaries,
     /// Turns true (once, for good) when the engine is poisoned, for whoever must react at
     /// once: the server's health status, a supervisor.
     pub poison_signal: tokio::sync::watch::Sender<bool>,

@@ -26,10 +26,12 @@ pub(crate) mod events;
 pub(crate) mod frames;
 mod open;
 mod segment;
+mod summary;
 mod upgrade;
 
 pub(crate) use open::{header_error, list_segments, open, PreviousRun};
 pub(crate) use segment::{sync_dir, Segment};
+pub(crate) use summary::Summaries;
 
 /// Where a record lives: its segment (by base LSN), byte offset and frame length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
