@@ -197,7 +197,7 @@ impl Engine {
         })
     }
 
-    fn sender(&self) -> Result<Mailbox> {
+    pub(crate) fn sender(&self) -> Result<Mailbox> {
         self.inner
             .tx
             .read()

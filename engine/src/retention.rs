@@ -151,3 +151,6 @@ pub(crate) fn run_pass(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::{FileSystem, SegmentFile};
 use crate::mmap::SegmentMap;
 
-/// A fault to inject at a chosen write/sync operation.
+/// A fault to inject at a chosen operation (a write, a sync, a truncation, an unlink, a
+/// rename, a directory sync).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Power is lost during the operation: a random strict prefix of everything not yet
@@ -52,6 +53,10 @@ struct Image {
     /// After a rename over this name and before the directory is synced: the durable
     /// content of the file the name pointed to before, which a crash brings back.
     shadow: Option<Vec<u8>>,
+    /// Unlinked by `remove` since the directory was last synced. Directory updates that no
+    /// sync ordered reach the disk in any order: a torn power loss keeps each such unlink
+    /// or not, independently (a rename stays atomic).
+    unlinked: bool,
 }
 
 #[derive(Debug)]
@@ -121,6 +126,10 @@ impl State {
                 self.files.remove(&path);
                 continue;
             }
+            if img.unlinked && torn && self.below(2) == 1 {
+                self.files.remove(&path); // this unlink reached the disk
+                continue;
+            }
             let bytes = if let Some(old) = img.shadow.clone() {
                 old
             } else if torn {
@@ -136,6 +145,7 @@ impl State {
                 img.durable = bytes;
                 img.linked = true;
                 img.shadow = None;
+                img.unlinked = false;
             }
         }
         self.boot += 1;
@@ -227,7 +237,8 @@ impl FaultyFs {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Write/sync operations performed so far.
+    /// Operations that can fail performed so far (writes, syncs, truncations, unlinks,
+    /// renames, directory syncs).
     pub fn ops(&self) -> u64 {
         self.lock().ops
     }
@@ -388,8 +399,13 @@ impl SegmentFile for FaultyFile {
 
     fn set_len_and_sync(&self, len: u64) -> io::Result<()> {
         let mut s = self.fs.lock();
-        if s.tick()? == Some(Fault::Eio) {
-            return Err(eio());
+        match s.tick()? {
+            Some(Fault::Eio) => return Err(eio()),
+            Some(Fault::CrashDuringOp) => {
+                s.power_loss(true);
+                return Err(dead());
+            }
+            _ => {}
         }
         if let Some(img) = s.files.get_mut(&self.path) {
             img.written
@@ -477,22 +493,34 @@ impl FileSystem for FaultyFs {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        if s.dead {
-            return Err(dead());
+        let fault = s.tick()?;
+        if fault == Some(Fault::Eio) {
+            return Err(eio());
         }
-        match s.files.get_mut(path).filter(|i| i.linked) {
+        let result = match s.files.get_mut(path).filter(|i| i.linked) {
             Some(img) => {
                 img.linked = false;
+                img.unlinked = true;
                 Ok(())
             }
             None => Err(io::Error::from(io::ErrorKind::NotFound)),
+        };
+        if fault == Some(Fault::CrashDuringOp) {
+            s.power_loss(true);
+            return Err(dead());
         }
+        result
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        if s.dead {
-            return Err(dead());
+        match s.tick()? {
+            Some(Fault::Eio) => return Err(eio()),
+            Some(Fault::CrashDuringOp) => {
+                s.power_loss(true);
+                return Err(dead());
+            }
+            _ => {}
         }
         let Some(src) = s.files.get_mut(from).filter(|i| i.linked) else {
             return Err(io::Error::from(io::ErrorKind::NotFound));
@@ -509,6 +537,7 @@ impl FileSystem for FaultyFs {
             linked: true,
             durable_linked: shadow.is_some(),
             shadow,
+            unlinked: false,
         };
         Ok(())
     }
@@ -527,14 +556,20 @@ impl FileSystem for FaultyFs {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        if s.dead {
-            return Err(dead());
+        match s.tick()? {
+            Some(Fault::Eio) => return Err(eio()),
+            Some(Fault::CrashDuringOp) => {
+                s.power_loss(true);
+                return Err(dead());
+            }
+            _ => {}
         }
         s.files.retain(|p, i| i.linked || p.parent() != Some(dir));
         for (p, i) in &mut s.files {
             if p.parent() == Some(dir) {
                 i.durable_linked = i.linked;
                 i.shadow = None;
+                i.unlinked = false;
             }
         }
         Ok(())

@@ -159,15 +159,17 @@ impl Log {
             }
             bases.iter().filter_map(|b| map.remove(b)).collect()
         };
+        // Oldest first, each unlink made durable before the next: unsynced directory updates
+        // reach the disk in any order, and a crash that kept a later unlink but not an
+        // earlier one would leave a hole in the LSNs that no recovery can close. With this
+        // order a crash leaves a contiguous suffix, which is a valid log.
         let mut paths = Vec::with_capacity(removed.len());
         for seg in &removed {
             self.fs
                 .remove(seg.path())
                 .map_err(Error::io(format!("deleting {}", seg.path().display())))?;
-            paths.push(seg.path().to_path_buf());
-        }
-        if !paths.is_empty() {
             sync_dir(self.fs.as_ref(), &self.dir)?;
+            paths.push(seg.path().to_path_buf());
         }
         Ok(paths)
     }
