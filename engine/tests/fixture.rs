@@ -426,6 +426,76 @@ fn format_v2_fixture_serves_identically() {
     serves_identically(2);
 }
 
+/// Every format version up to the one this build writes has its fixture, and each serves
+/// identically: bumping `FORMAT_VERSION` without committing the new version's fixture (and
+/// a test for it) fails here.
+#[test]
+fn every_format_version_has_a_fixture_that_serves_identically() {
+    for version in 1..=cursorlog_engine::FORMAT_VERSION {
+        let dir = fixture_dir(version);
+        assert!(
+            dir.join("data").is_dir() && dir.join("expected.txt").is_file(),
+            "no fixture for format version {version} at {}: generate it with \
+             CURSORLOG_FIXTURE_VERSION={version} cargo test -p cursorlog-engine --test fixture \
+             -- --ignored generate_fixture",
+            dir.display()
+        );
+    }
+    let newest = cursorlog_engine::FORMAT_VERSION;
+    assert!(
+        !fixture_dir(newest + 1).exists(),
+        "a fixture for format version {} exists but this build writes version {newest}",
+        newest + 1
+    );
+    serves_identically(newest);
+}
+
+/// The version-1 fixture upgraded on a simulated disk that loses power at each step of the
+/// upgrade in turn (each rewrite, sync, rename, directory sync): the next open finishes the
+/// upgrade and serves exactly what version 1 served.
+#[test]
+fn a_crash_at_any_step_of_the_upgrade_loses_nothing() {
+    use cursorlog_engine::{Fault, FaultyFs, FileSystem};
+    use std::sync::Arc;
+
+    let fixture = fixture_dir(1);
+    let expected = std::fs::read_to_string(fixture.join("expected.txt")).unwrap();
+    for step in 1..10_000u64 {
+        let fs = FaultyFs::new(step);
+        let tmp = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(fixture.join("data")).unwrap() {
+            let entry = entry.unwrap();
+            let file = fs.create_new(&tmp.path().join(entry.file_name())).unwrap();
+            file.write_all_at(&std::fs::read(entry.path()).unwrap(), 0)
+                .unwrap();
+            file.sync_data().unwrap();
+        }
+        fs.sync_dir(tmp.path()).unwrap();
+        let before = fs.ops();
+        fs.inject(step, Fault::CrashDuringOp);
+        let opened = Engine::open_with_fs(serving_config(tmp.path()), Arc::new(fs.clone()));
+        if fs.ops() < before + step {
+            // The open finished before the planned crash: every step has been covered.
+            let e = opened.expect("an upgrade without a crash");
+            assert_eq!(describe(&e, 1), expected, "upgraded without a crash");
+            fs.clear_faults();
+            e.close().unwrap();
+            let crashes = step - 1;
+            assert!(crashes >= 10, "crashed at each of many steps: {crashes}");
+            return;
+        }
+        if let Ok(e) = opened {
+            e.simulate_crash(); // the crash came after the open, in the writer's first group
+        }
+        fs.revive();
+        let e = Engine::open_with_fs(serving_config(tmp.path()), Arc::new(fs.clone()))
+            .unwrap_or_else(|err| panic!("after a crash at step {step}: {err}"));
+        assert_eq!(describe(&e, 1), expected, "after a crash at step {step}");
+        e.close().unwrap();
+    }
+    panic!("the upgrade did not finish within the steps tried");
+}
+
 /// Writes the current format's fixture: `cargo test -p cursorlog-engine --test fixture --
 /// --ignored generate_fixture` with `CURSORLOG_FIXTURE_VERSION=<the current version>`.
 /// Never rerun it for an older version: its fixture is the promise.
