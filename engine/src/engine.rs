@@ -478,3 +478,20 @@ fn open_stream_ids(shared: &Shared) -> Result<Vec<u64>> {
 fn unexpected(reply: &Reply) -> Error {
     Error::Internal(format!("unexpected writer reply {reply:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer reply of the wrong kind is the engine's own bug: `Internal` (the server's
+    /// `INTERNAL`), never an error that blames the caller's input.
+    #[test]
+    fn an_unexpected_writer_reply_is_an_internal_error() {
+        for reply in [Reply::Done, Reply::Count(3)] {
+            match unexpected(&reply) {
+                Error::Internal(why) => assert!(why.contains("unexpected writer reply"), "{why}"),
+                other => panic!("{reply:?} became {other:?}"),
+            }
+        }
+    }
+}

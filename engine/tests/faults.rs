@@ -46,42 +46,46 @@ fn append(e: &Engine, session: &str, stream: u64, payload: &[u8]) -> Result<u64,
     .map(|a| a.last_seq)
 }
 
-/// Under `interval`, a power loss can lose acknowledged events. Without fencing, the next
+/// Under `interval` or `never`, a power loss can lose acknowledged events. Without fencing, the next
 /// append would take the lost events' seqs, and a client holding cursor `…-3` would later
 /// resume at the *new* seq 3's successor, silently skipping events.
 #[test]
 fn a_reboot_that_lost_acknowledged_events_ends_the_open_streams() {
-    let fs = FaultyFs::new(11);
-    let dir = tempfile::tempdir().unwrap();
-    let sync = SyncPolicy::Interval(3_600_000);
-    let e = Engine::open_with_fs(config(dir.path(), sync), Arc::new(fs.clone())).unwrap();
-    let (epoch, s) = stream(&e, "s");
-    for i in 0..3u8 {
-        append(&e, "s", s, &[i]).unwrap(); // acknowledged, not synced
+    for sync in [SyncPolicy::Interval(3_600_000), SyncPolicy::Never] {
+        let fs = FaultyFs::new(11);
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open_with_fs(config(dir.path(), sync), Arc::new(fs.clone())).unwrap();
+        let (epoch, s) = stream(&e, "s");
+        for i in 0..3u8 {
+            append(&e, "s", s, &[i]).unwrap(); // acknowledged, not synced
+        }
+        fs.crash(false); // power loss: the unsynced events are gone; the machine reboots
+        drop(e);
+        fs.revive();
+        let e = Engine::open_with_fs(config(dir.path(), sync), Arc::new(fs.clone())).unwrap();
+        let report = e.recovery_report().clone();
+        assert_eq!(report.previous_clean, Some(false), "{sync}");
+        assert_eq!(report.streams_fenced, 1, "{sync}: {report}");
+        // The client's cursor names an event the log lost: an explicit discontinuity...
+        let r = e
+            .resolve("s", &Cursor::new(epoch, s, 3).to_string(), None)
+            .unwrap();
+        assert_eq!(r.verdict, Verdict::CursorAhead, "{sync}");
+        // ...and seq 3 is never given to another event.
+        assert!(
+            matches!(
+                append(&e, "s", s, b"new"),
+                Err(Error::StreamTerminated {
+                    state: StreamState::Aborted,
+                    ..
+                })
+            ),
+            "{sync}"
+        );
+        // A new stream works as usual.
+        let (_, fresh) = stream(&e, "s");
+        assert_eq!(append(&e, "s", fresh, b"x").unwrap(), 1, "{sync}");
     }
-    fs.crash(false); // power loss: the unsynced events are gone; the machine reboots
-    drop(e);
-    fs.revive();
-    let e = Engine::open_with_fs(config(dir.path(), sync), Arc::new(fs.clone())).unwrap();
-    let report = e.recovery_report().clone();
-    assert_eq!(report.previous_clean, Some(false));
-    assert_eq!(report.streams_fenced, 1, "{report}");
-    // The client's cursor names an event the log lost: an explicit discontinuity...
-    let r = e
-        .resolve("s", &Cursor::new(epoch, s, 3).to_string(), None)
-        .unwrap();
-    assert_eq!(r.verdict, Verdict::CursorAhead);
-    // ...and seq 3 is never given to another event.
-    assert!(matches!(
-        append(&e, "s", s, b"new"),
-        Err(Error::StreamTerminated {
-            state: StreamState::Aborted,
-            ..
-        })
-    ));
-    // A new stream works as usual.
-    let (_, fresh) = stream(&e, "s");
-    assert_eq!(append(&e, "s", fresh, b"x").unwrap(), 1);
 }
 
 /// The same crash without a reboot (a killed process: the page cache kept every write), or

@@ -237,6 +237,14 @@ fn index_keys_and_values_golden_bytes() {
         streams: 5,
         open_streams: 1,
     };
+    let frame = crate::record::EventBody {
+        stream: 7,
+        seq: 4,
+        at_ms: 5,
+        kind: "result".into(),
+        correlation: Some("r".into()),
+        payload: b"ok".to_vec(),
+    };
     let got = [
         ("N", hex(&session_key("s")), hex(&encode_value(&session))),
         ("S", hex(&stream_key(7)), hex(&encode_value(&stream))),
@@ -245,7 +253,8 @@ fn index_keys_and_values_golden_bytes() {
             hex(&chunk_key(7, 1)),
             hex(&encode_chunk(&vec![(65, pos.encode())])),
         ),
-        ("G", hex(&session_state_key("s")), String::new()),
+        // The session state is stored as given: the value is the caller's bytes.
+        ("G", hex(&session_state_key("s")), hex(b"st")),
         ("O", hex(&outcome_key("s", "r")), hex(&7u64.to_le_bytes())),
         ("L", hex(&open_stream_key("s", 7)), String::new()),
         (
@@ -258,8 +267,14 @@ fn index_keys_and_values_golden_bytes() {
             hex(&ended_key(5, ORIGIN_STREAM, &7u64.to_be_bytes())),
             String::new(),
         ),
-        ("F", hex(&terminal_frame_key(7)), String::new()),
+        ("F", hex(&terminal_frame_key(7)), hex(&encode_value(&frame))),
         ("M", hex(COUNTS), hex(&counts.encode())),
+        ("M", hex(APPLIED_LSN), hex(&42u64.to_le_bytes())),
+        (
+            "M",
+            hex(INDEX_VERSION),
+            hex(&INDEX_VERSION_VALUE.to_le_bytes()),
+        ),
     ];
     if std::env::var_os("CURSORLOG_PRINT_GOLDEN").is_some() {
         for (p, k, v) in &got {
@@ -273,15 +288,17 @@ fn index_keys_and_values_golden_bytes() {
     assert_eq!(got.to_vec(), want);
 }
 
-const GOLDEN_INDEX: [(&str, &str, &str); 10] = [
+const GOLDEN_INDEX: [(&str, &str, &str); 12] = [
     ("N", "4e73", "010000000000000073020000000000000001000000000000000109000000000000000500000000000000"),
     ("S", "530000000000000007", "0700000000000000010000000000000073020000000000000002000000040000000000000002000000000000000101000000000000007201000000000000000105000000000000000101000000000000007800000600000000000000"),
     ("E", "4500000000000000070000000000000001", "010100000000000000400000000000000028000000"),
-    ("G", "4773", ""),
+    ("G", "4773", "7374"),
     ("O", "4f00017372", "0700000000000000"),
     ("L", "4c0001730000000000000007", ""),
     ("R", "520000000000000006530000000000000007", ""),
     ("T", "540000000000000005530000000000000007", ""),
-    ("F", "460000000000000007", ""),
+    ("F", "460000000000000007", "0700000000000000040000000000000005000000000000000600000000000000726573756c740101000000000000007202000000000000006f6b"),
     ("M", "4d636f756e7473", "0300000000000000020000000000000005000000000000000100000000000000"),
+    ("M", "4d6170706c6965645f6c736e", "2a00000000000000"),
+    ("M", "4d696e6465785f76657273696f6e", "03000000"),
 ];
