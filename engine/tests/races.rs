@@ -8,7 +8,9 @@
 //! * a `duplicate` answer names seqs that hold exactly the retried events;
 //! * the stream holds nothing that was not acknowledged, without gaps;
 //! * after a crash (power loss, any tear), every acknowledged event is still there, and a
-//!   retry of an acknowledged batch is recognised as a duplicate.
+//!   retry of an acknowledged batch is recognised as a duplicate;
+//! * under `interval` (acknowledged before synced), a power loss may cut a stream short but
+//!   never changes what it holds, and a stream cut short is fenced.
 //!
 //! `CURSORLOG_RACE_ROUNDS` runs more rounds (default 6).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -336,4 +338,76 @@ fn acknowledged_races_survive_a_crash_and_retries_after_it_are_duplicates() {
         }
         e.close().unwrap();
     }
+}
+
+/// The race under `interval` (acknowledged before it is synced), then a power loss that
+/// tears whatever was not synced: a stream may come back shorter than acknowledged, but
+/// never different, and a stream that lost acknowledged events is fenced (its lost cursors
+/// are `CURSOR_AHEAD`, and no later append can take a lost seq), so no cursor ever names
+/// two different events.
+#[test]
+fn under_interval_a_power_loss_during_races_fences_what_it_cut_short() {
+    use cursorlog_engine::{Cursor, Verdict};
+    let mut fenced = 0;
+    for round in 0..rounds() {
+        let fs = FaultyFs::new(1_000 + round);
+        fs.set_tear(if round % 2 == 0 {
+            Tear::Sectors
+        } else {
+            Tear::Prefix
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        c.sync = SyncPolicy::Interval(3_600_000);
+        let e = Engine::open_with_fs(c.clone(), Arc::new(fs.clone())).unwrap();
+        let streams = open_streams(&e, 3);
+        e.sync().unwrap(); // the streams themselves are durable; their events are not
+        let acked = race(&e, &streams, 0x1A7E_0000 + round, false);
+        fs.crash(true);
+        drop(e);
+        fs.revive();
+        let e = Engine::open_with_fs(c, Arc::new(fs.clone())).unwrap();
+        assert_eq!(e.recovery_report().previous_clean, Some(false));
+        for &stream in &streams {
+            let got = e.read("s", stream, 0, 100_000).unwrap();
+            let want = acked.events.get(&stream).cloned().unwrap_or_default();
+            for ev in &got.events {
+                assert_eq!(
+                    want.get(&ev.seq),
+                    Some(&(ev.kind.to_string(), ev.payload.to_vec())),
+                    "round {round}: {stream}/{} is what was acknowledged there",
+                    ev.seq
+                );
+            }
+            let kept = got.events.len() as u64;
+            assert_eq!(
+                got.events.iter().map(|ev| ev.seq).collect::<Vec<_>>(),
+                (1..=kept).collect::<Vec<_>>(),
+                "round {round}: stream {stream} is a gap-free prefix"
+            );
+            let acked_head = want.keys().next_back().copied().unwrap_or(0);
+            if kept < acked_head {
+                fenced += 1;
+                let cursor = Cursor::new(1, stream, acked_head).to_string();
+                assert_eq!(
+                    e.resolve("s", &cursor, None).unwrap().verdict,
+                    Verdict::CursorAhead,
+                    "round {round}: a lost cursor of {stream} is not resumable"
+                );
+                let again = e.append(Append {
+                    session: "s".into(),
+                    stream,
+                    expected_next_seq: None,
+                    events: vec![NewEvent::new("late", b"x".to_vec())],
+                });
+                assert!(
+                    matches!(again, Err(Error::StreamTerminated { .. })),
+                    "round {round}: stream {stream} lost {}..={acked_head} and must be fenced: {again:?}",
+                    kept + 1
+                );
+            }
+        }
+        e.close().unwrap();
+    }
+    assert!(fenced > 0, "some power loss cut a stream short");
 }
