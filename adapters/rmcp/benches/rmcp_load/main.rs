@@ -12,6 +12,8 @@
 //!
 //! cursorlog: `cursorlog serve --sync always` (release build) on a temporary directory.
 //! Redis: `redis-server --appendonly yes --appendfsync always` on a temporary directory.
+//! With `--ceiling`, a third side runs rmcp with no store at all: the most any store could
+//! reach on this machine, since the front-end and its clients share the cores with it.
 //!
 //! ```sh
 //! cargo build --release -p cursorlog-server
@@ -62,6 +64,10 @@ struct Args {
     /// Open request streams without a producer lease (`AdapterConfig::lease = None`).
     #[arg(long)]
     no_lease: bool,
+    /// Also run a third side: rmcp with no store at all (its in-process resumption cache,
+    /// nothing durable). Its throughput is the ceiling any store can reach on this machine.
+    #[arg(long)]
+    ceiling: bool,
     /// cargo bench passes `--bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -218,10 +224,10 @@ async fn serve(router: axum::Router) -> String {
 }
 
 fn http_config(
-    session_store: Arc<dyn rmcp::transport::streamable_http_server::session::SessionStore>,
+    session_store: Option<Arc<dyn rmcp::transport::streamable_http_server::session::SessionStore>>,
 ) -> StreamableHttpServerConfig {
     let mut config = StreamableHttpServerConfig::default();
-    config.session_store = Some(session_store);
+    config.session_store = session_store;
     config.sse_keep_alive = None;
     config
 }
@@ -370,7 +376,7 @@ async fn main() {
     let c_service = StreamableHttpService::new(
         || Ok(Burst),
         c_manager.clone(),
-        http_config(Arc::new(cursorlog.session_store())),
+        http_config(Some(Arc::new(cursorlog.session_store()))),
     );
     let r_manager =
         LocalSessionManager::default().with_event_store(Arc::new(redis_store::RedisEventStore {
@@ -379,17 +385,29 @@ async fn main() {
     let r_service = StreamableHttpService::new(
         || Ok(Burst),
         Arc::new(r_manager),
-        http_config(Arc::new(redis_store::RedisSessionStore { conn: redis })),
+        http_config(Some(Arc::new(redis_store::RedisSessionStore {
+            conn: redis,
+        }))),
     );
     let c_url = serve(axum::Router::new().nest_service("/mcp", c_service)).await;
     let r_url = serve(axum::Router::new().nest_service("/mcp", r_service)).await;
+    let mut urls = vec![("cursorlog", c_url), ("redis", r_url)];
+    if args.ceiling {
+        let m_service = StreamableHttpService::new(
+            || Ok(Burst),
+            Arc::new(LocalSessionManager::default()),
+            http_config(None),
+        );
+        let m_url = serve(axum::Router::new().nest_service("/mcp", m_service)).await;
+        urls.push(("no-store", m_url));
+    }
 
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(4 * args.calls)
         .build()
         .expect("http client");
     let mut sides = Vec::new();
-    for (name, url) in [("cursorlog", c_url), ("redis", r_url)] {
+    for (name, url) in urls {
         let mut sessions = Vec::new();
         for _ in 0..args.calls {
             sessions.push(init_session(&http, &url).await);
@@ -411,14 +429,18 @@ async fn main() {
     for side in &sides {
         let _ = round(&http, side, args.events, 0).await; // warm-up
     }
-    let mut results: Vec<Vec<RoundResult>> = vec![Vec::new(), Vec::new()];
+    let mut results: Vec<Vec<RoundResult>> = sides.iter().map(|_| Vec::new()).collect();
     let cpu_at_start = (
         _cursorlog_proc.cpu_seconds(),
         _redis_proc.cpu_seconds(),
         cpu_seconds("/proc/self/stat"),
     );
     for r in 0..args.rounds {
-        let order: [usize; 2] = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        // Alternate the order so neither side always runs on a warmer (or busier) machine.
+        let mut order: Vec<usize> = (0..sides.len()).collect();
+        if r % 2 == 1 {
+            order.reverse();
+        }
         for i in order {
             let result = round(&http, &sides[i], args.events, r as u64 + 1).await;
             println!(
@@ -462,6 +484,12 @@ async fn main() {
         summary[0].0 / summary[1].0,
         summary[0].2 / summary[1].2
     );
+    if let Some(ceiling) = summary.get(2) {
+        println!(
+            "no-store / redis: throughput {:.2}x (the most any store could gain here)",
+            ceiling.0 / summary[1].0
+        );
+    }
     println!(
         "CPU seconds over the measured rounds: cursorlog server {:.2}, redis-server {:.2}, this process (both front-ends and all clients) {:.2}",
         _cursorlog_proc.cpu_seconds() - cpu_at_start.0,
