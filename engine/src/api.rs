@@ -282,4 +282,10 @@ pub struct Stats {
     pub appends_refused_low_disk: u64,
     /// Sessions expired after their idle TTL, since open.
     pub sessions_expired_idle: u64,
+    /// Segment files holding an open descriptor (the active one; sealed ones hold none).
+    pub segment_descriptors: u64,
+    /// Streams with at least one live follower.
+    pub followed_streams: u64,
+    /// Bytes of requests in the writer's queue (and its current group).
+    pub writer_queue_bytes: u64,
 }

@@ -7,9 +7,9 @@
 
 use crate::error::Result;
 use crate::index::{
-    event_key, open_stream_key, origin_key, outcome_key, session_key, session_state_key,
-    stream_key, terminal_frame_key, KvRead, StoredSession, StoredStream, Txn, ORIGIN_SESSION,
-    ORIGIN_STREAM,
+    ended_key, event_key, open_stream_key, origin_key, outcome_key, session_key, session_state_key,
+    stream_key, terminal_frame_key, Counts, KvRead, StoredSession, StoredStream, Txn,
+    ORIGIN_SESSION, ORIGIN_STREAM,
 };
 use crate::log::Position;
 use crate::record::{Record, StreamSnapshot};
@@ -45,8 +45,18 @@ pub(crate) fn apply(
         }
         Record::SessionExpired { session, at_ms } => {
             if let Some(mut s) = txn.stored_session(session)? {
-                s.meta.expired_at_ms.get_or_insert(*at_ms);
-                txn.put_session(&s);
+                if s.meta.expired_at_ms.is_none() {
+                    s.meta.expired_at_ms = Some(*at_ms);
+                    txn.put_raw(
+                        ended_key(*at_ms, ORIGIN_SESSION, session.as_bytes()),
+                        Vec::new(),
+                    );
+                    txn.count(Counts {
+                        live_sessions: -1,
+                        ..Counts::default()
+                    });
+                    txn.put_session(&s);
+                }
             }
         }
         Record::SessionSnapshot(meta) => put_session(txn, meta.clone(), lsn)?,
@@ -96,6 +106,14 @@ pub(crate) fn apply(
                     s.meta.end_reason.clone_from(&t.reason);
                     s.meta.has_terminal_frame = t.frame.is_some();
                     txn.remove_raw(open_stream_key(&s.meta.session, t.stream));
+                    txn.put_raw(
+                        ended_key(t.at_ms, ORIGIN_STREAM, &t.stream.to_be_bytes()),
+                        Vec::new(),
+                    );
+                    txn.count(Counts {
+                        open_streams: -1,
+                        ..Counts::default()
+                    });
                     txn.put_stream(&s);
                 }
             }
@@ -110,6 +128,14 @@ pub(crate) fn apply(
                     }
                 }
                 txn.remove_raw(origin_key(s.origin_lsn, ORIGIN_STREAM, &m.id.to_be_bytes()));
+                if let Some(ended) = m.ended_at_ms {
+                    txn.remove_raw(ended_key(ended, ORIGIN_STREAM, &m.id.to_be_bytes()));
+                }
+                txn.count(Counts {
+                    streams: -1,
+                    open_streams: -i64::from(!m.state.is_terminal()),
+                    ..Counts::default()
+                });
             }
             txn.remove_raw(stream_key(*stream).to_vec());
             txn.remove_raw(terminal_frame_key(*stream).to_vec());
@@ -118,10 +144,19 @@ pub(crate) fn apply(
         Record::SessionForgotten { session, .. } => {
             if let Some(s) = txn.stored_session(session)? {
                 txn.remove_raw(origin_key(s.origin_lsn, ORIGIN_SESSION, session.as_bytes()));
+                if let Some(expired) = s.meta.expired_at_ms {
+                    txn.remove_raw(ended_key(expired, ORIGIN_SESSION, session.as_bytes()));
+                }
+                txn.count(Counts {
+                    sessions: -1,
+                    live_sessions: -i64::from(s.meta.expired_at_ms.is_none()),
+                    ..Counts::default()
+                });
             }
             txn.remove_raw(session_key(session));
             txn.remove_raw(session_state_key(session));
         }
+        Record::Shutdown { .. } => {}
         Record::SessionState(b) => {
             if b.state.is_empty() {
                 txn.remove_raw(session_state_key(&b.session));
@@ -181,13 +216,26 @@ pub(crate) fn remove_positions(txn: &mut Txn<'_>, stream: u64, from: u64, to: u6
 }
 
 fn put_session(txn: &mut Txn<'_>, meta: SessionMeta, lsn: u64) -> Result<()> {
-    if let Some(old) = txn.stored_session(&meta.id)? {
+    let old = txn.stored_session(&meta.id)?;
+    let was_live = old.as_ref().is_some_and(|o| o.meta.expired_at_ms.is_none());
+    if let Some(old) = &old {
         txn.remove_raw(origin_key(
             old.origin_lsn,
             ORIGIN_SESSION,
             meta.id.as_bytes(),
         ));
+        if let Some(t) = old.meta.expired_at_ms {
+            txn.remove_raw(ended_key(t, ORIGIN_SESSION, meta.id.as_bytes()));
+        }
     }
+    if let Some(t) = meta.expired_at_ms {
+        txn.put_raw(ended_key(t, ORIGIN_SESSION, meta.id.as_bytes()), Vec::new());
+    }
+    txn.count(Counts {
+        sessions: i64::from(old.is_none()),
+        live_sessions: i64::from(meta.expired_at_ms.is_none()) - i64::from(was_live),
+        ..Counts::default()
+    });
     txn.put_raw(
         origin_key(lsn, ORIGIN_SESSION, meta.id.as_bytes()),
         Vec::new(),
@@ -202,9 +250,22 @@ fn put_session(txn: &mut Txn<'_>, meta: SessionMeta, lsn: u64) -> Result<()> {
 fn put_stream(txn: &mut Txn<'_>, snap: StreamSnapshot, lsn: u64) -> Result<()> {
     let meta = snap.meta;
     let id = meta.id.to_be_bytes();
-    if let Some(old) = txn.stored_stream(meta.id)? {
+    let old = txn.stored_stream(meta.id)?;
+    let was_open = old.as_ref().is_some_and(|o| !o.meta.state.is_terminal());
+    if let Some(old) = &old {
         txn.remove_raw(origin_key(old.origin_lsn, ORIGIN_STREAM, &id));
+        if let Some(t) = old.meta.ended_at_ms {
+            txn.remove_raw(ended_key(t, ORIGIN_STREAM, &id));
+        }
     }
+    if let Some(t) = meta.ended_at_ms {
+        txn.put_raw(ended_key(t, ORIGIN_STREAM, &id), Vec::new());
+    }
+    txn.count(Counts {
+        streams: i64::from(old.is_none()),
+        open_streams: i64::from(!meta.state.is_terminal()) - i64::from(was_open),
+        ..Counts::default()
+    });
     txn.put_raw(origin_key(lsn, ORIGIN_STREAM, &id), Vec::new());
     if let Some(c) = &meta.correlation {
         // The newest stream answering a correlation id is its outcome. A snapshot of an

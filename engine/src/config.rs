@@ -1,7 +1,10 @@
 //! Engine configuration: durability, segment size, limits and retention, all with units.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
 
 /// When an append is made durable relative to its acknowledgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,7 +57,8 @@ impl std::fmt::Display for SyncPolicy {
 /// What is kept and for how long. `None` disables a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retention {
-    /// Events older than this are evicted (whole segments at a time).
+    /// Events older than this are evicted (whole segments at a time). Default 24 h: a
+    /// cursor older than that resolves `CURSOR_EVICTED`, explicitly.
     pub max_age: Option<Duration>,
     /// The log is kept below this many bytes by evicting the oldest segments.
     pub max_total_bytes: Option<u64>,
@@ -71,7 +75,7 @@ pub struct Retention {
 impl Default for Retention {
     fn default() -> Self {
         Self {
-            max_age: None,
+            max_age: Some(Duration::from_secs(24 * 3600)),
             max_total_bytes: None,
             max_events_per_stream: None,
             metadata_horizon: Duration::from_secs(24 * 3600),
@@ -103,6 +107,19 @@ pub struct Config {
     /// keeps idle sessions forever. Renewed by every call naming the session and held off
     /// while a follower of one of its streams is open.
     pub session_idle_ttl: Option<Duration>,
+    /// Most open streams one session may have (bounds the group that ends them all).
+    pub open_streams_per_session_max: u32,
+    /// Free space to keep on the data directory's file system, in bytes: below it appends
+    /// are refused (`DiskFull`) while reads, verdicts and retention go on, so retention can
+    /// always write what it needs to free space. 0 disables the check.
+    pub disk_reserve_bytes: u64,
+    /// Memory the index store may use for its page cache, in bytes.
+    pub index_cache_bytes: u64,
+    /// Bytes of requests the writer's queue holds before callers wait (back-pressure).
+    pub writer_queue_bytes_max: u64,
+    /// The clock every time-based decision uses (record times, leases, TTLs, horizon,
+    /// retention by age). Tests inject a [`crate::ManualClock`].
+    pub clock: Arc<dyn Clock>,
     /// Retention rules.
     pub retention: Retention,
 }
@@ -120,6 +137,11 @@ impl Config {
             read_events_max: 4096,
             session_state_bytes_max: 64 * 1024,
             session_idle_ttl: Some(Duration::from_secs(3600)),
+            open_streams_per_session_max: 1024,
+            disk_reserve_bytes: 256 * 1024 * 1024,
+            index_cache_bytes: 64 * 1024 * 1024,
+            writer_queue_bytes_max: 64 * 1024 * 1024,
+            clock: Arc::new(SystemClock),
             retention: Retention::default(),
         }
     }

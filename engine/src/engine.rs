@@ -1,30 +1,33 @@
-//! The `Engine` handle: opens the directory, runs the writer, answers reads and verdicts.
+//! The `Engine` handle, the one facade: opens the directory, runs the writer and the
+//! background threads, and answers every request (writes in `engine/write.rs`, reads and
+//! verdicts in `engine/query.rs`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
-use crate::api::{
-    Append, Appended, BatchWrite, BatchWritten, EpochAdvanced, NewEvent, OpenStream,
-    SessionExpired, SessionInfo, SessionView, Stats, StreamInfo, Terminated,
+use crate::activity::SessionActivity;
+use crate::api::Stats;
+use crate::background::{
+    check_disk, expire_idle_sessions, expire_leases, run_retention, spawn_index_flusher,
+    spawn_maintenance,
 };
-use crate::background::{run_retention, spawn_index_flusher, spawn_maintenance, Leases};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::followers::Followers;
 use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
-use crate::index::prefix;
-use crate::index::KvRead;
+use crate::index::{prefix, KvRead};
+use crate::leases::Leases;
+use crate::mailbox::{send, wait, Admission, Command, Mailbox, Reply};
 use crate::recovery::{recover, RecoveryReport};
+use crate::shared::{Counters, Shared};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
-use crate::writer::{
-    send, send_async, submit_async, wait, Command, Counters, Reply, Request, Shared, Writer,
-};
+use crate::writer::Writer;
 
-/// Depth of the writer's request queue; appenders block beyond it (back-pressure).
-const WRITER_QUEUE_DEPTH: usize = 16 * 1024;
+mod query;
+mod write;
 
 /// A handle to an open data directory. Cheap to clone; every clone talks to one writer.
 ///
@@ -39,22 +42,23 @@ pub struct Engine {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
-    /// The writer's queue; `None` once closed. Callers hold the read lock only while they
+    /// The writer's mailbox; `None` once closed. Callers hold the read lock only while they
     /// queue a request (never while they wait for its answer).
-    tx: RwLock<Option<SyncSender<Request>>>,
+    tx: RwLock<Option<Mailbox>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     background: Mutex<Vec<JoinHandle<()>>>,
     shutdown: Arc<AtomicBool>,
     report: RecoveryReport,
-    leases: Arc<Leases>,
     _lock: std::fs::File,
 }
 
 impl Inner {
-    /// Stops the background threads, then the writer (which drains its queue and syncs), and
+    /// Stops the background threads, wakes every follower (they end with `Closed`), then
+    /// stops the writer (which drains its queue, writes the shutdown marker and syncs), and
     /// joins them all. Idempotent.
     fn stop_threads(&self) {
         self.shutdown.store(true, Ordering::Release);
+        self.shared.followers.close();
         let me = std::thread::current().id();
         let background: Vec<_> = self
             .background
@@ -102,10 +106,20 @@ fn validate_config(c: &Config) -> Result<()> {
             format!("must be 1..={PAYLOAD_BYTES_LIMIT} bytes"),
         ));
     }
-    if c.batch_events_max == 0 || c.read_events_max == 0 || c.id_bytes_max == 0 {
+    if c.batch_events_max == 0
+        || c.read_events_max == 0
+        || c.id_bytes_max == 0
+        || c.open_streams_per_session_max == 0
+    {
         return Err(Error::invalid(
             "limits",
-            "batch, read and id limits must be at least 1",
+            "batch, read, id and open-stream limits must be at least 1",
+        ));
+    }
+    if c.session_idle_ttl.is_some_and(|t| t.is_zero()) {
+        return Err(Error::invalid(
+            "session_idle_ttl",
+            "must be at least 1 ms when given (None keeps idle sessions)",
         ));
     }
     Ok(())
@@ -127,73 +141,62 @@ impl Engine {
     /// As [`Engine::open`].
     pub fn open_with_fs(config: Config, fs: Arc<dyn FileSystem>) -> Result<Self> {
         validate_config(&config)?;
-        let rec = recover(&fs, &config.dir)?;
-        tracing::info!(dir = %config.dir.display(), report = %rec.report, "recovered data directory");
-        let (commits, _) = tokio::sync::watch::channel(rec.next_lsn - 1);
+        let rec = recover(&fs, &config)?;
+        let last_lsn = rec.report.last_lsn;
         let shared = Arc::new(Shared {
+            clock: Arc::clone(&config.clock),
+            admission: Admission::new(config.writer_queue_bytes_max),
             config,
-            fs,
             index: rec.index,
-            segments: rec.segments,
+            log: rec.log,
             poisoned: false.into(),
             counters: Counters::default(),
-            commits,
             summaries: crate::retention::Summaries::default(),
             poison_signal: tokio::sync::watch::channel(false).0,
+            followers: Arc::new(Followers::default()),
+            activity: SessionActivity::default(),
+            leases: Leases::default(),
+            low_disk: AtomicBool::new(false),
+            retention_lock: Mutex::new(()),
+            crashed: AtomicBool::new(false),
         });
+        shared.counters.last_lsn.store(last_lsn, Ordering::Release);
         shared
             .counters
-            .last_lsn
-            .store(rec.next_lsn - 1, Ordering::Release);
-        let (tx, rx) = sync_channel::<Request>(WRITER_QUEUE_DEPTH);
-        let writer = Writer::new(Arc::clone(&shared), rec.active, rec.next_lsn);
+            .disk_free_bytes
+            .store(u64::MAX, Ordering::Release);
+        check_disk(&shared);
+        arm_live_state(&shared)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = Writer::new(Arc::clone(&shared), rec.writer);
         let writer = std::thread::Builder::new()
             .name("cursorlog-writer".into())
             .spawn(move || writer.run(&rx))
             .map_err(Error::io("starting the writer thread"))?;
-        let leases = Arc::new(Leases::default());
-        for s in shared.index.streams()? {
-            if let (StreamState::Open, Some(ms)) = (s.meta.state, s.meta.lease_ms) {
-                // Leases restart from recovery: a producer gets a full lease to reconnect.
-                leases.arm(s.meta.id, ms);
-            }
-        }
         let shutdown = Arc::new(AtomicBool::new(false));
+        let mut report = rec.report;
+        if rec.previous.is_some_and(|p| p.may_have_lost_acknowledged()) {
+            report.streams_fenced = fence_open_streams(&shared, &tx)?;
+        }
+        tracing::info!(dir = %shared.config.dir.display(), report = %report, "recovered data directory");
         let background = vec![
-            spawn_maintenance(
-                Arc::clone(&shared),
-                tx.clone(),
-                Arc::clone(&leases),
-                Arc::clone(&shutdown),
-            )?,
+            spawn_maintenance(Arc::clone(&shared), tx.clone(), Arc::clone(&shutdown))?,
             spawn_index_flusher(Arc::clone(&shared), Arc::clone(&shutdown))?,
         ];
-        let engine = Self {
+        Ok(Self {
             inner: Arc::new(Inner {
                 shared,
                 tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(writer)),
                 background: Mutex::new(background),
                 shutdown,
-                report: rec.report,
-                leases,
+                report,
                 _lock: rec.lock,
             }),
-        };
-        Ok(engine)
+        })
     }
 
-    /// Runs one retention pass now (it also runs every `retention.check_interval`); returns
-    /// the number of segments retired.
-    ///
-    /// # Errors
-    /// Write or index failures.
-    pub fn run_retention(&self) -> Result<usize> {
-        let tx = self.sender()?;
-        run_retention(&self.inner.shared, &tx)
-    }
-
-    fn sender(&self) -> Result<SyncSender<Request>> {
+    fn sender(&self) -> Result<Mailbox> {
         self.inner
             .tx
             .read()
@@ -203,12 +206,18 @@ impl Engine {
     }
 
     fn submit(&self, cmd: Command) -> Result<Reply> {
-        // Queue under the read lock (no clone of the sender per call), wait without it.
+        // Queue under the read lock (no clone of the mailbox per call), wait without it.
         let reply = {
             let tx = self.inner.tx.read().unwrap_or_else(PoisonError::into_inner);
             send(tx.as_ref().ok_or(Error::Closed)?, &self.inner.shared, cmd)?
         };
         wait(&reply)
+    }
+
+    /// Renews the session's idle TTL (every call naming a live session does).
+    fn touch(&self, session: &str) {
+        let shared = &self.inner.shared;
+        shared.activity.touch(session, shared.now_ms());
     }
 
     /// The configuration the engine runs with.
@@ -221,394 +230,49 @@ impl Engine {
         &self.inner.report
     }
 
-    fn check_id(&self, field: &'static str, v: &str) -> Result<()> {
-        if v.is_empty() {
-            return Err(Error::invalid(field, "must not be empty"));
-        }
-        let max = self.config().id_bytes_max;
-        if v.len() > max as usize {
-            return Err(Error::invalid(
-                field,
-                format!("is {} bytes; the limit is {max}", v.len()),
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_event(&self, e: &NewEvent) -> Result<()> {
-        let max = self.config().id_bytes_max as usize;
-        if e.kind.len() > max {
-            return Err(Error::invalid(
-                "event.kind",
-                format!("is {} bytes; the limit is {max}", e.kind.len()),
-            ));
-        }
-        if let Some(c) = &e.correlation {
-            self.check_id("event.correlation", c)?;
-        }
-        let limit = self.config().payload_bytes_max;
-        if e.payload.len() as u64 > u64::from(limit) {
-            return Err(Error::TooLarge {
-                what: "event payload (bytes)",
-                got: e.payload.len() as u64,
-                limit: u64::from(limit),
-            });
-        }
-        Ok(())
-    }
-
-    /// Opens a session, or returns it if it exists (idempotent). New sessions start at epoch 1.
+    /// Runs one retention pass now (it also runs every `retention.check_interval`): forgets
+    /// what is past the metadata horizon, raises watermarks, retires dead segments. Returns
+    /// the number of segments retired.
     ///
     /// # Errors
-    /// Invalid id; [`Error::SessionExpired`] for an expired session id; write failures.
-    pub fn open_session(&self, session: &str) -> Result<SessionInfo> {
-        self.open_session_with_state(session, None)
-    }
-
-    /// [`Engine::open_session`], storing `state` (opaque, e.g. the MCP `initialize`
-    /// parameters a replica needs to restore the session) with a session this call creates,
-    /// in the same durable record group. The state of an existing session is returned
-    /// unchanged; it lives exactly as long as the session.
-    ///
-    /// # Errors
-    /// As [`Engine::open_session`]; [`Error::TooLarge`] above `session_state_bytes_max`.
-    pub fn open_session_with_state(
-        &self,
-        session: &str,
-        state: Option<Vec<u8>>,
-    ) -> Result<SessionInfo> {
-        self.check_id("session", session)?;
-        if let Some(s) = &state {
-            self.check_session_state(s)?;
-        }
-        let cmd = Command::OpenSession {
-            session: session.to_owned(),
-            state,
-        };
-        match self.submit(cmd)? {
-            Reply::Session(s) => Ok(s),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    fn check_session_state(&self, state: &[u8]) -> Result<()> {
-        let limit = self.config().session_state_bytes_max;
-        if state.len() as u64 > u64::from(limit) {
-            return Err(Error::TooLarge {
-                what: "session state (bytes)",
-                got: state.len() as u64,
-                limit: u64::from(limit),
-            });
-        }
-        Ok(())
-    }
-
-    /// Replaces a live session's opaque state (empty clears it).
-    ///
-    /// # Errors
-    /// Unknown or expired session; [`Error::TooLarge`]; write failures.
-    pub fn set_session_state(&self, session: &str, state: Vec<u8>) -> Result<()> {
-        self.check_id("session", session)?;
-        self.check_session_state(&state)?;
-        let cmd = Command::SetSessionState {
-            session: session.to_owned(),
-            state,
-        };
-        match self.submit(cmd)? {
-            Reply::Done => Ok(()),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// The session as a replica restoring it needs it, `None` when it was never opened or
-    /// is past its metadata horizon.
-    ///
-    /// # Errors
-    /// Invalid id; index failures.
-    pub fn session(&self, session: &str) -> Result<Option<SessionView>> {
-        self.check_id("session", session)?;
-        let index = &self.inner.shared.index;
-        let Some(s) = index.stored_session(session)? else {
-            return Ok(None);
-        };
-        Ok(Some(SessionView {
-            session: s.meta.id,
-            epoch: s.meta.epoch,
-            opened_at_ms: s.meta.opened_at_ms,
-            expired: s.meta.expired_at_ms.is_some(),
-            state: index.session_state(session)?.unwrap_or_default(),
-        }))
-    }
-
-    /// Checks that the session is live (renewing its idle TTL).
-    ///
-    /// # Errors
-    /// [`Error::UnknownSession`]; [`Error::SessionExpired`]; index failures.
-    pub fn touch_session(&self, session: &str) -> Result<()> {
-        match self.session(session)? {
-            None => Err(Error::UnknownSession),
-            Some(s) if s.expired => Err(Error::SessionExpired),
-            Some(_) => Ok(()),
-        }
-    }
-
-    /// Advances the session's epoch by one; every open stream of older epochs becomes
-    /// `Superseded` in the same atomic group.
-    ///
-    /// # Errors
-    /// Unknown or expired session; write failures.
-    pub fn advance_epoch(&self, session: &str) -> Result<EpochAdvanced> {
-        self.check_id("session", session)?;
-        match self.submit(Command::AdvanceEpoch(session.to_owned()))? {
-            Reply::Epoch(e) => Ok(e),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// Expires the session: its open streams are `Aborted`, cursors get `UNKNOWN_SESSION`,
-    /// and its outcomes stay readable for the metadata horizon.
-    ///
-    /// # Errors
-    /// Unknown or already expired session; write failures.
-    pub fn expire_session(&self, session: &str) -> Result<SessionExpired> {
-        self.check_id("session", session)?;
-        match self.submit(Command::ExpireSession(session.to_owned()))? {
-            Reply::Expired(e) => Ok(e),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// Opens a stream in the session's current epoch; returns its new, never reused id.
-    ///
-    /// # Errors
-    /// Unknown/expired session; [`Error::StaleEpoch`]; invalid ids; write failures.
-    pub fn open_stream(&self, req: OpenStream) -> Result<StreamInfo> {
-        self.check_id("session", &req.session)?;
-        if let Some(c) = &req.correlation {
-            self.check_id("correlation", c)?;
-        }
-        if req.lease_ms == Some(0) {
-            return Err(Error::invalid(
-                "lease_ms",
-                "must be at least 1 ms when given",
-            ));
-        }
-        let lease = req.lease_ms;
-        match self.submit(Command::OpenStream(req))? {
-            Reply::Stream(s) => {
-                if let Some(ms) = lease {
-                    self.inner.leases.arm(s.stream, ms);
-                }
-                Ok(s)
-            }
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    fn renew_lease(&self, stream: u64) {
-        self.inner.leases.renew(stream);
-    }
-
-    /// Appends a batch atomically. With `expected_next_seq`, a retry of a batch already
-    /// written returns the same seqs (`duplicate: true`) and a different batch is a conflict.
-    ///
-    /// # Errors
-    /// Bad input (nothing written); unknown stream (or another session's);
-    /// [`Error::StreamTerminated`]; [`Error::SeqConflict`]; write failures.
-    pub fn append(&self, req: Append) -> Result<Appended> {
-        self.check_append(&req)?;
-        match self.submit(Command::Append(req))? {
-            Reply::Appended(a) => Ok(a),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// [`Engine::append`] for async callers: no thread waits for the group commit, the task
-    /// does. Dropping the future does not cancel an append that was already queued.
-    ///
-    /// # Errors
-    /// As [`Engine::append`].
-    pub async fn append_async(&self, req: Append) -> Result<Appended> {
-        self.check_append(&req)?;
+    /// Write or index failures.
+    pub fn run_retention(&self) -> Result<usize> {
         let tx = self.sender()?;
-        match submit_async(&tx, &self.inner.shared, Command::Append(req)).await? {
-            Reply::Appended(a) => Ok(a),
-            other => Err(unexpected(&other)),
-        }
+        run_retention(&self.inner.shared, &tx)
     }
 
-    /// Validates `req` and queues it to the writer now; the returned future resolves once it
-    /// is durable. Appends queued one after another apply in that order, whenever their
-    /// futures are awaited: a caller pipelining appends (many in flight, answered in order)
-    /// queues each as it arrives.
+    /// Runs one round of the time-driven work now, as the background thread does on its
+    /// own: checks free space, aborts streams whose producer lease ran out, expires idle
+    /// sessions. For tests with a [`crate::ManualClock`] (and operators' tools): it returns
+    /// (leases expired, sessions expired).
     ///
     /// # Errors
-    /// Refusals before queuing (bad input, closed, poisoned) at once; the rest, as
-    /// [`Engine::append`], from the future.
-    pub fn queue_append(
-        &self,
-        req: Append,
-    ) -> Result<impl std::future::Future<Output = Result<Appended>> + Send + 'static> {
-        self.check_append(&req)?;
+    /// [`Error::Closed`].
+    pub fn run_maintenance(&self) -> Result<(usize, usize)> {
         let tx = self.sender()?;
-        let reply = send_async(&tx, &self.inner.shared, Command::Append(req))?;
-        Ok(async move {
-            match reply.await.map_err(|_| Error::Closed)?? {
-                Reply::Appended(a) => Ok(a),
-                other => Err(unexpected(&other)),
-            }
-        })
+        let shared = &self.inner.shared;
+        check_disk(shared);
+        Ok((
+            expire_leases(shared, &tx),
+            expire_idle_sessions(shared, &tx),
+        ))
     }
 
-    /// Checks an append's limits (nothing is written for a refused one) and renews the
-    /// stream's producer lease.
-    fn check_append(&self, req: &Append) -> Result<()> {
-        self.check_id("session", &req.session)?;
-        if req.events.is_empty() {
-            return Err(Error::invalid(
-                "events",
-                "an append needs at least one event",
-            ));
-        }
-        let max = self.config().batch_events_max;
-        if req.events.len() > max as usize {
-            return Err(Error::TooLarge {
-                what: "batch (events)",
-                got: req.events.len() as u64,
-                limit: u64::from(max),
-            });
-        }
-        if req.expected_next_seq == Some(0) {
-            return Err(Error::invalid("expected_next_seq", "seqs start at 1"));
-        }
-        for e in &req.events {
-            self.check_event(e)?;
-        }
-        self.renew_lease(req.stream);
-        Ok(())
-    }
-
-    fn terminate(
-        &self,
-        session: &str,
-        stream: u64,
-        state: StreamState,
-        expected: Option<u64>,
-        reason: Option<String>,
-        frame: Option<NewEvent>,
-    ) -> Result<Terminated> {
-        self.check_id("session", session)?;
-        if let Some(f) = &frame {
-            self.check_event(f)?;
-        }
-        let cmd = Command::Terminate {
-            session: Some(session.to_owned()),
-            stream,
-            state,
-            expected_next_seq: expected,
-            reason,
-            frame,
-        };
-        match self.submit(cmd)? {
-            Reply::Terminated(t) => {
-                self.inner.leases.remove(stream);
-                Ok(t)
-            }
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// Writes the terminal frame and the `Completed` tombstone as one record.
+    /// Counters and sizes. O(1): nothing is scanned.
     ///
     /// # Errors
-    /// As [`Engine::append`].
-    pub fn complete(
-        &self,
-        session: &str,
-        stream: u64,
-        expected_next_seq: Option<u64>,
-        terminal: NewEvent,
-    ) -> Result<Terminated> {
-        self.terminate(
-            session,
-            stream,
-            StreamState::Completed,
-            expected_next_seq,
-            None,
-            Some(terminal),
-        )
-    }
-
-    /// Writes an `Aborted` tombstone with a reason and an optional terminal (error) frame.
-    ///
-    /// # Errors
-    /// As [`Engine::append`].
-    pub fn abort(
-        &self,
-        session: &str,
-        stream: u64,
-        reason: &str,
-        terminal: Option<NewEvent>,
-    ) -> Result<Terminated> {
-        if reason.len() > self.config().id_bytes_max as usize * 4 {
-            return Err(Error::invalid("reason", "is too long"));
-        }
-        self.terminate(
-            session,
-            stream,
-            StreamState::Aborted,
-            None,
-            Some(reason.to_owned()),
-            terminal,
-        )
-    }
-
-    /// Renews a stream's producer lease without appending.
-    ///
-    /// # Errors
-    /// Unknown stream; [`Error::StreamTerminated`].
-    pub fn keep_alive(&self, session: &str, stream: u64) -> Result<()> {
-        let meta = self.owned_stream(session, stream)?;
-        if meta.state.is_terminal() {
-            return Err(Error::StreamTerminated {
-                stream,
-                state: meta.state,
-                terminal_seq: meta.head,
-            });
-        }
-        self.renew_lease(stream);
-        Ok(())
-    }
-
-    /// Evicts the stream's events up to and including `up_to_seq`; returns the new watermark.
-    ///
-    /// # Errors
-    /// Unknown stream; write failures.
-    pub fn trim(&self, session: &str, stream: u64, up_to_seq: u64) -> Result<u64> {
-        self.check_id("session", session)?;
-        let cmd = Command::Trim {
-            session: Some(session.to_owned()),
-            stream,
-            watermark: up_to_seq.saturating_add(1),
-        };
-        match self.submit(cmd)? {
-            Reply::Watermark(w) => Ok(w),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// Counters and sizes.
-    ///
-    /// # Errors
-    /// None in practice; kept fallible for index-backed counts.
+    /// None in practice; kept fallible for future index-backed counts.
     pub fn stats(&self) -> Result<Stats> {
         let s = &self.inner.shared;
         let c = &s.counters;
+        let counts = s.index.counts();
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let free = c.disk_free_bytes.load(Ordering::Acquire);
         Ok(Stats {
-            sessions: s.index.count(prefix::SESSION)?,
-            streams: s.index.count(prefix::STREAM)?,
-            segments: s.segments.count() as u64,
-            log_bytes: s.segments.total_bytes(),
+            sessions: n(counts.sessions),
+            streams: n(counts.streams),
+            segments: s.log.count() as u64,
+            log_bytes: s.log.total_bytes(),
             last_lsn: c.last_lsn.load(Ordering::Acquire),
             events_appended: c.events_appended.load(Ordering::Relaxed),
             payload_bytes_appended: c.payload_bytes_appended.load(Ordering::Relaxed),
@@ -618,17 +282,15 @@ impl Engine {
             segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
             recovery_micros: u64::try_from(self.inner.report.elapsed.as_micros())
                 .unwrap_or(u64::MAX),
-            live_sessions: s
-                .index
-                .sessions()?
-                .iter()
-                .filter(|x| x.meta.expired_at_ms.is_none())
-                .count() as u64,
-            open_streams: s.index.count(prefix::OPEN_STREAM)?,
+            live_sessions: n(counts.live_sessions),
+            open_streams: n(counts.open_streams),
             poisoned: self.is_poisoned(),
-            disk_free_bytes: None,
-            appends_refused_low_disk: 0,
-            sessions_expired_idle: 0,
+            disk_free_bytes: (free != u64::MAX).then_some(free),
+            appends_refused_low_disk: c.appends_refused_low_disk.load(Ordering::Relaxed),
+            sessions_expired_idle: c.sessions_expired_idle.load(Ordering::Relaxed),
+            segment_descriptors: s.log.descriptors() as u64,
+            followed_streams: s.followers.followed() as u64,
+            writer_queue_bytes: s.admission.queued(),
         })
     }
 
@@ -666,7 +328,7 @@ impl Engine {
     pub fn segments(&self) -> Vec<(PathBuf, u64, u64)> {
         self.inner
             .shared
-            .segments
+            .log
             .all()
             .iter()
             .map(|s| (s.path().to_path_buf(), s.base_lsn(), s.len()))
@@ -682,7 +344,8 @@ impl Engine {
         self.inner.shared.index.flush()
     }
 
-    /// Drains the writer, syncs, and stops; later calls on any clone fail with `Closed`.
+    /// Drains the writer, writes the shutdown marker, syncs, and stops; later calls on any
+    /// clone fail with `Closed`, and every follower ends with `Closed`.
     ///
     /// # Errors
     /// The final sync failed, or the engine was poisoned ([`Error::Poisoned`]): writes were
@@ -695,7 +358,19 @@ impl Engine {
             self.sync().map(|_| ())
         };
         self.inner.stop_threads();
-        result
+        match result {
+            Ok(()) if self.is_poisoned() => Err(Error::Poisoned),
+            other => other,
+        }
+    }
+
+    /// Stops the engine as a killed process would, for crash tests: no shutdown marker, no
+    /// final sync, no index flush (what was written stays in the file system's cache, as it
+    /// would in the page cache). Later calls fail with `Closed`.
+    #[cfg(feature = "testing")]
+    pub fn simulate_crash(&self) {
+        self.inner.shared.crashed.store(true, Ordering::Release);
+        self.inner.stop_threads();
     }
 
     /// True once a failed write, fsync or index flush made the engine refuse every write.
@@ -709,78 +384,6 @@ impl Engine {
         self.inner.shared.poison_signal.subscribe()
     }
 
-    /// Many independent appends and completions, all queued to the writer before any is
-    /// awaited (so they share group commits), each answered on its own: one failing item
-    /// never fails another. Items of one stream apply in item order.
-    ///
-    /// # Errors
-    /// Per item, as [`Engine::append`] or [`Engine::complete`].
-    pub async fn write_batch_async(&self, items: Vec<BatchWrite>) -> Vec<Result<BatchWritten>> {
-        enum Pending {
-            Failed(Error),
-            Queued {
-                reply: tokio::sync::oneshot::Receiver<Result<Reply>>,
-                complete: Option<u64>,
-            },
-        }
-        let tx = self.sender();
-        let mut pending = Vec::with_capacity(items.len());
-        for item in items {
-            let queued = match &tx {
-                Err(_) => Err(Error::Closed),
-                Ok(tx) => match item {
-                    BatchWrite::Append(req) => self.check_append(&req).and_then(|()| {
-                        send_async(tx, &self.inner.shared, Command::Append(req))
-                            .map(|reply| (reply, None))
-                    }),
-                    BatchWrite::Complete {
-                        session,
-                        stream,
-                        expected_next_seq,
-                        terminal,
-                    } => self
-                        .check_id("session", &session)
-                        .and_then(|()| self.check_event(&terminal))
-                        .and_then(|()| {
-                            let cmd = Command::Terminate {
-                                session: Some(session),
-                                stream,
-                                state: StreamState::Completed,
-                                expected_next_seq,
-                                reason: None,
-                                frame: Some(terminal),
-                            };
-                            send_async(tx, &self.inner.shared, cmd).map(|r| (r, Some(stream)))
-                        }),
-                },
-            };
-            pending.push(match queued {
-                Ok((reply, complete)) => Pending::Queued { reply, complete },
-                Err(e) => Pending::Failed(e),
-            });
-        }
-        let mut out = Vec::with_capacity(pending.len());
-        for p in pending {
-            out.push(match p {
-                Pending::Failed(e) => Err(e),
-                Pending::Queued { reply, complete } => {
-                    match reply.await.map_err(|_| Error::Closed).and_then(|r| r) {
-                        Ok(Reply::Appended(a)) => Ok(BatchWritten::Appended(a)),
-                        Ok(Reply::Terminated(t)) => {
-                            if let Some(stream) = complete {
-                                self.inner.leases.remove(stream);
-                            }
-                            Ok(BatchWritten::Completed(t))
-                        }
-                        Ok(other) => Err(unexpected(&other)),
-                        Err(e) => Err(e),
-                    }
-                }
-            });
-        }
-        out
-    }
-
     /// The whole index, for tests that compare a rebuilt index with the live one.
     ///
     /// # Errors
@@ -789,6 +392,96 @@ impl Engine {
     pub fn index_dump(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.inner.shared.index.dump()
     }
+}
+
+/// Starts the time-driven state of what recovery found live: a full idle TTL for every live
+/// session, a full lease for every open stream with one (a producer gets a full lease to
+/// reconnect after a restart). Costs O(live sessions + open streams), scanned, not loaded.
+fn arm_live_state(shared: &Shared) -> Result<()> {
+    let now = shared.now_ms();
+    shared
+        .index
+        .for_each_with_prefix(&[prefix::SESSION], |k, _| {
+            if let Some(s) = shared.index.stored_session(
+                std::str::from_utf8(k.get(1..).unwrap_or_default()).unwrap_or_default(),
+            )? {
+                if s.meta.expired_at_ms.is_none() {
+                    shared.activity.insert(&s.meta.id, now);
+                }
+            }
+            Ok(())
+        })?;
+    let mut leased = Vec::new();
+    shared
+        .index
+        .for_each_with_prefix(&[prefix::OPEN_STREAM], |k, _| {
+            if let Some(id) = k
+                .len()
+                .checked_sub(8)
+                .and_then(|at| k.get(at..))
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            {
+                leased.push(id);
+            }
+            Ok(())
+        })?;
+    for id in leased {
+        if let Some(s) = shared.index.stored_stream(id)? {
+            if let (StreamState::Open, Some(ms)) = (s.meta.state, s.meta.lease_ms) {
+                shared.leases.arm(id, ms, now);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ends every open stream after a run that may have lost acknowledged events: a client may
+/// hold a cursor for a lost event, and appending after the surviving head would give its
+/// seq to another event. Returns how many were ended.
+fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
+    let mut open = Vec::new();
+    shared
+        .index
+        .for_each_with_prefix(&[prefix::OPEN_STREAM], |k, _| {
+            if let Some(id) = k
+                .len()
+                .checked_sub(8)
+                .and_then(|at| k.get(at..))
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            {
+                open.push(id);
+            }
+            Ok(())
+        })?;
+    let mut fenced = 0;
+    for stream in open {
+        let cmd = Command::Terminate {
+            session: None,
+            stream,
+            state: StreamState::Aborted,
+            expected_next_seq: None,
+            reason: Some(
+                "the server restarted after a crash under a non-durable sync policy: events \
+                 acknowledged just before it may be lost"
+                    .into(),
+            ),
+            frame: None,
+        };
+        match crate::mailbox::submit(tx, shared, cmd) {
+            Ok(_) => fenced += 1,
+            Err(Error::StreamTerminated { .. } | Error::UnknownStream(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if fenced > 0 {
+        tracing::warn!(
+            streams = fenced,
+            "ended the open streams: the previous run acknowledged unsynced events and the machine restarted, so some may be lost"
+        );
+    }
+    Ok(fenced)
 }
 
 fn unexpected(reply: &Reply) -> Error {

@@ -88,9 +88,10 @@ pub enum Error {
         /// What check failed.
         kind: CorruptionKind,
     },
-    /// The derived index (sled) failed.
+    /// The derived index failed. It is rebuilt from the log: deleting the `index/`
+    /// directory and reopening repairs it (opening does that itself when it cannot read it).
     #[error("index error: {0}")]
-    Index(#[from] sled::Error),
+    Index(#[source] IndexError),
     /// A previous write or fsync failed; no write is accepted until the engine is reopened.
     #[error("engine is poisoned by an earlier failed write or fsync; restart to recover")]
     Poisoned,
@@ -190,6 +191,35 @@ pub enum Error {
         /// What is unsupported.
         reason: String,
     },
+}
+
+/// A failure of the derived index store, kept opaque: what stores the index is not part of
+/// the API (its error stays reachable through `source()` for logs).
+#[derive(Debug)]
+pub struct IndexError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl IndexError {
+    /// An index failure described by `message`.
+    pub(crate) fn msg(message: impl Into<String>) -> Self {
+        Self(message.into().into())
+    }
+
+    /// Wraps the store's own error.
+    pub(crate) fn wrap(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(e))
+    }
+}
+
+impl std::fmt::Display for IndexError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for IndexError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.0.as_ref())
+    }
 }
 
 impl Error {

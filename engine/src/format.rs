@@ -1,37 +1,51 @@
 //! On-disk constants: segment header, record frame, segment names. See `engine/FORMAT.md`.
 //!
 //! ```text
-//! segment header (32 bytes)              record frame header (24 bytes) + body
-//! 0  magic       [u8; 8]                 0  body_len    u32 LE
-//! 8  version     u32 LE                  4  crc32       u32 LE  (over bytes 8.. of header + body)
-//! 12 reserved    u32 (0)                 8  lsn         u64 LE
-//! 16 base_lsn    u64 LE                  16 group_left  u32 LE  (records after this one in its group)
-//! 24 header_crc  u32 LE (over 0..24)     20 record_type u8
-//! 28 reserved    u32 (0)                 21 reserved    [u8; 3] (0)
+//! segment header (64 bytes)               record frame header (32 bytes) + body
+//! 0  magic         [u8; 8]                0  body_len       u32 LE
+//! 8  version       u32 LE (2)             4  crc32          u32 LE (over bytes 8.. + body)
+//! 12 sync_policy   u8 (0/1/2), 3 x 0      8  lsn            u64 LE
+//! 16 base_lsn      u64 LE                 16 synced_through u64 LE (segment offset)
+//! 24 term          u64 LE                 24 group_left     u32 LE
+//! 32 boot_id       [u8; 16]               28 record_type    u8
+//! 48 created_at_ms u64 LE                 29 reserved       [u8; 3] (0)
+//! 56 reserved      u32 (0)
+//! 60 header_crc    u32 LE (over 0..60)
 //! ```
+//!
+//! Format version 1 (24-byte frames without `synced_through`, 32-byte segment headers) is
+//! read only to upgrade a directory on open ([`legacy_v1`]).
 
 use std::mem::size_of;
+
+use crate::config::SyncPolicy;
 
 /// First bytes of every segment file. Like PNG's signature, the high-bit first byte and the
 /// CR LF / SUB / LF tail detect text-mode mangling.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"\x89CLG\r\n\x1a\n";
-/// Format version written by this build, and the only one it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format version written by this build.
+pub const FORMAT_VERSION: u32 = 2;
 
-/// Offsets within the segment header.
-pub const HDR_MAGIC: usize = 0;
-/// Version field offset.
-pub const HDR_VERSION: usize = HDR_MAGIC + SEGMENT_MAGIC.len();
-/// Reserved field offset.
-pub const HDR_RESERVED: usize = HDR_VERSION + size_of::<u32>();
+/// Version field offset (the magic is at 0).
+pub const HDR_VERSION: usize = SEGMENT_MAGIC.len();
+/// Sync policy byte offset (then 3 reserved bytes).
+pub const HDR_SYNC: usize = HDR_VERSION + size_of::<u32>();
 /// Base LSN field offset.
-pub const HDR_BASE_LSN: usize = HDR_RESERVED + size_of::<u32>();
+pub const HDR_BASE_LSN: usize = HDR_SYNC + size_of::<u32>();
+/// Term field offset.
+pub const HDR_TERM: usize = HDR_BASE_LSN + size_of::<u64>();
+/// Boot id field offset.
+pub const HDR_BOOT_ID: usize = HDR_TERM + size_of::<u64>();
+/// Creation time field offset.
+pub const HDR_CREATED: usize = HDR_BOOT_ID + BOOT_ID_BYTES;
+/// Reserved field offset.
+pub const HDR_RESERVED: usize = HDR_CREATED + size_of::<u64>();
 /// Header CRC field offset (the CRC covers every byte before it).
-pub const HDR_CRC: usize = HDR_BASE_LSN + size_of::<u64>();
-/// Trailing reserved field offset.
-pub const HDR_RESERVED2: usize = HDR_CRC + size_of::<u32>();
+pub const HDR_CRC: usize = HDR_RESERVED + size_of::<u32>();
 /// Segment header length in bytes.
-pub const SEGMENT_HEADER_BYTES: usize = HDR_RESERVED2 + size_of::<u32>();
+pub const SEGMENT_HEADER_BYTES: usize = HDR_CRC + size_of::<u32>();
+/// Bytes of a boot id (the kernel's random UUID for the current boot).
+pub const BOOT_ID_BYTES: usize = 16;
 
 /// Offsets within the record frame header.
 pub const FRAME_BODY_LEN: usize = 0;
@@ -39,8 +53,10 @@ pub const FRAME_BODY_LEN: usize = 0;
 pub const FRAME_CRC: usize = FRAME_BODY_LEN + size_of::<u32>();
 /// LSN field offset; the CRC covers from here to the end of the body.
 pub const FRAME_LSN: usize = FRAME_CRC + size_of::<u32>();
+/// Synced-through field offset.
+pub const FRAME_SYNCED: usize = FRAME_LSN + size_of::<u64>();
 /// Group-left field offset.
-pub const FRAME_GROUP_LEFT: usize = FRAME_LSN + size_of::<u64>();
+pub const FRAME_GROUP_LEFT: usize = FRAME_SYNCED + size_of::<u64>();
 /// Record type field offset.
 pub const FRAME_TYPE: usize = FRAME_GROUP_LEFT + size_of::<u32>();
 /// Reserved bytes offset.
@@ -66,12 +82,12 @@ pub const INDEX_DIR: &str = "index";
 pub const LOCK_FILE: &str = "LOCK";
 
 const _: () = assert!(
-    SEGMENT_HEADER_BYTES == 32,
-    "segment header is 32 bytes (FORMAT.md)"
+    SEGMENT_HEADER_BYTES == 64,
+    "segment header is 64 bytes (FORMAT.md)"
 );
 const _: () = assert!(
-    FRAME_HEADER_BYTES == 24,
-    "frame header is 24 bytes (FORMAT.md)"
+    FRAME_HEADER_BYTES == 32,
+    "frame header is 32 bytes (FORMAT.md)"
 );
 const _: () = assert!(SEGMENT_HEADER_BYTES <= 4096, "segment header fits a page");
 const _: () = assert!(
@@ -96,15 +112,78 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Builds a segment header for `base_lsn`.
-pub fn encode_segment_header(base_lsn: u64) -> [u8; SEGMENT_HEADER_BYTES] {
-    let mut h = [0u8; SEGMENT_HEADER_BYTES];
-    h[HDR_MAGIC..HDR_VERSION].copy_from_slice(&SEGMENT_MAGIC);
-    h[HDR_VERSION..HDR_RESERVED].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    h[HDR_BASE_LSN..HDR_CRC].copy_from_slice(&base_lsn.to_le_bytes());
-    let crc = crc32fast::hash(&h[..HDR_CRC]);
-    h[HDR_CRC..HDR_RESERVED2].copy_from_slice(&crc.to_le_bytes());
-    h
+/// What a segment header says about its segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// LSN of the first record; equals the number in the file name.
+    pub base_lsn: u64,
+    /// The log's term when the segment was created: every open of the directory starts a
+    /// new term in a new segment (a replicated log would take its leader's term here).
+    pub term: u64,
+    /// The sync policy of the writer that created the segment and wrote every frame in it.
+    pub sync: SyncPolicyTag,
+    /// The machine's boot id when the segment was created (zeros when unknown): when it
+    /// differs from the current one, the machine restarted since, and unsynced writes may be
+    /// lost.
+    pub boot_id: [u8; BOOT_ID_BYTES],
+    /// When the segment was created, ms since the Unix epoch.
+    pub created_at_ms: u64,
+}
+
+/// The sync policy, as one header byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicyTag {
+    /// `SyncPolicy::Always` (0).
+    Always,
+    /// `SyncPolicy::Interval` (1).
+    Interval,
+    /// `SyncPolicy::Never` (2).
+    Never,
+}
+
+impl SyncPolicyTag {
+    /// The tag of a policy.
+    pub fn of(p: SyncPolicy) -> Self {
+        match p {
+            SyncPolicy::Always => Self::Always,
+            SyncPolicy::Interval(_) => Self::Interval,
+            SyncPolicy::Never => Self::Never,
+        }
+    }
+
+    fn byte(self) -> u8 {
+        match self {
+            Self::Always => 0,
+            Self::Interval => 1,
+            Self::Never => 2,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(Self::Always),
+            1 => Some(Self::Interval),
+            2 => Some(Self::Never),
+            _ => None,
+        }
+    }
+}
+
+impl SegmentHeader {
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
+        let mut h = [0u8; SEGMENT_HEADER_BYTES];
+        h[..HDR_VERSION].copy_from_slice(&SEGMENT_MAGIC);
+        h[HDR_VERSION..HDR_SYNC].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h[HDR_SYNC] = self.sync.byte();
+        h[HDR_BASE_LSN..HDR_TERM].copy_from_slice(&self.base_lsn.to_le_bytes());
+        h[HDR_TERM..HDR_BOOT_ID].copy_from_slice(&self.term.to_le_bytes());
+        h[HDR_BOOT_ID..HDR_CREATED].copy_from_slice(&self.boot_id);
+        h[HDR_CREATED..HDR_RESERVED].copy_from_slice(&self.created_at_ms.to_le_bytes());
+        let crc = crc32fast::hash(&h[..HDR_CRC]);
+        h[HDR_CRC..].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
 }
 
 /// Why a segment header is not valid.
@@ -123,6 +202,57 @@ pub enum HeaderError {
         /// Stored.
         expected: u32,
     },
+    /// A field holds a value no version ever wrote.
+    BadField(&'static str),
+}
+
+/// The format version a segment file claims (magic checked), before anything else is read:
+/// the upgrade path needs it to pick a decoder.
+///
+/// # Errors
+/// Short or not our magic.
+pub fn segment_version(b: &[u8]) -> Result<u32, HeaderError> {
+    if b.len() < HDR_VERSION + 4 {
+        return Err(HeaderError::Short);
+    }
+    if b.get(..HDR_VERSION) != Some(&SEGMENT_MAGIC[..]) {
+        return Err(HeaderError::BadMagic);
+    }
+    Ok(le_u32(b, HDR_VERSION))
+}
+
+/// Checks a version-2 segment header and returns what it says.
+///
+/// # Errors
+/// The first check that fails, in the order magic, version, CRC, fields.
+pub fn decode_segment_header(b: &[u8]) -> Result<SegmentHeader, HeaderError> {
+    let version = segment_version(b)?;
+    if version != FORMAT_VERSION {
+        return Err(HeaderError::UnknownVersion(version));
+    }
+    let h = b.get(..SEGMENT_HEADER_BYTES).ok_or(HeaderError::Short)?;
+    let expected = le_u32(h, HDR_CRC);
+    let got = crc32fast::hash(h.get(..HDR_CRC).unwrap_or_default());
+    if got != expected {
+        return Err(HeaderError::Crc { got, expected });
+    }
+    let sync = h
+        .get(HDR_SYNC)
+        .copied()
+        .and_then(SyncPolicyTag::from_byte)
+        .ok_or(HeaderError::BadField("sync_policy"))?;
+    let mut boot_id = [0u8; BOOT_ID_BYTES];
+    boot_id.copy_from_slice(
+        h.get(HDR_BOOT_ID..HDR_CREATED)
+            .unwrap_or(&[0; BOOT_ID_BYTES]),
+    );
+    Ok(SegmentHeader {
+        base_lsn: le_u64(h, HDR_BASE_LSN),
+        term: le_u64(h, HDR_TERM),
+        sync,
+        boot_id,
+        created_at_ms: le_u64(h, HDR_CREATED),
+    })
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {
@@ -141,27 +271,6 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Checks a segment header and returns its base LSN.
-///
-/// # Errors
-/// The first check that fails, in the order magic, version, CRC.
-pub fn decode_segment_header(b: &[u8]) -> Result<u64, HeaderError> {
-    let h = b.get(..SEGMENT_HEADER_BYTES).ok_or(HeaderError::Short)?;
-    if h.get(HDR_MAGIC..HDR_VERSION) != Some(&SEGMENT_MAGIC[..]) {
-        return Err(HeaderError::BadMagic);
-    }
-    let version = le_u32(h, HDR_VERSION);
-    if version != FORMAT_VERSION {
-        return Err(HeaderError::UnknownVersion(version));
-    }
-    let expected = le_u32(h, HDR_CRC);
-    let got = crc32fast::hash(h.get(..HDR_CRC).unwrap_or_default());
-    if got != expected {
-        return Err(HeaderError::Crc { got, expected });
-    }
-    Ok(le_u64(h, HDR_BASE_LSN))
-}
-
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
@@ -171,6 +280,10 @@ pub struct FrameHeader {
     pub crc: u32,
     /// Log sequence number.
     pub lsn: u64,
+    /// The segment offset below which every byte was durable (fsynced) when this frame was
+    /// written: damage below it, found by recovery, is corruption of synced data; damage at
+    /// or above the highest such claim is an unsynced write torn by a crash.
+    pub synced_through: u64,
     /// Records that follow this one in its atomic group.
     pub group_left: u32,
     /// Record type tag.
@@ -189,6 +302,7 @@ impl FrameHeader {
             body_len: le_u32(b, FRAME_BODY_LEN),
             crc: le_u32(b, FRAME_CRC),
             lsn: le_u64(b, FRAME_LSN),
+            synced_through: le_u64(b, FRAME_SYNCED),
             group_left: le_u32(b, FRAME_GROUP_LEFT),
             record_type: b[FRAME_TYPE],
         }
@@ -198,7 +312,8 @@ impl FrameHeader {
     pub fn write(&self, body: &[u8]) -> [u8; FRAME_HEADER_BYTES] {
         let mut h = [0u8; FRAME_HEADER_BYTES];
         h[FRAME_BODY_LEN..FRAME_CRC].copy_from_slice(&self.body_len.to_le_bytes());
-        h[FRAME_LSN..FRAME_GROUP_LEFT].copy_from_slice(&self.lsn.to_le_bytes());
+        h[FRAME_LSN..FRAME_SYNCED].copy_from_slice(&self.lsn.to_le_bytes());
+        h[FRAME_SYNCED..FRAME_GROUP_LEFT].copy_from_slice(&self.synced_through.to_le_bytes());
         h[FRAME_GROUP_LEFT..FRAME_TYPE].copy_from_slice(&self.group_left.to_le_bytes());
         h[FRAME_TYPE] = self.record_type;
         let crc = frame_crc(&h, body);
@@ -221,6 +336,77 @@ pub(crate) fn frame_crc_contiguous(frame: &[u8]) -> u32 {
     crc32fast::hash(frame.get(FRAME_LSN..).unwrap_or_default())
 }
 
+/// Format version 1, read only to upgrade a data directory to the current version: a
+/// 32-byte segment header (magic, version, reserved, base LSN, CRC, reserved) and 24-byte
+/// frame headers (body_len, crc, lsn, group_left, record_type, reserved) with the CRC over
+/// bytes 8.. of the header and the body. Record bodies are the same in both versions.
+pub(crate) mod legacy_v1 {
+    use super::{le_u32, le_u64, HeaderError, SEGMENT_MAGIC};
+
+    /// The version number.
+    pub const VERSION: u32 = 1;
+    /// Segment header bytes.
+    pub const SEGMENT_HEADER_BYTES: usize = 32;
+    /// Frame header bytes.
+    pub const FRAME_HEADER_BYTES: usize = 24;
+
+    /// A version-1 frame header.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct FrameHeader {
+        pub body_len: u32,
+        pub crc: u32,
+        pub lsn: u64,
+        pub group_left: u32,
+        pub record_type: u8,
+    }
+
+    /// Checks a version-1 segment header; returns its base LSN.
+    pub fn decode_segment_header(b: &[u8]) -> Result<u64, HeaderError> {
+        let h = b.get(..SEGMENT_HEADER_BYTES).ok_or(HeaderError::Short)?;
+        if h.get(..8) != Some(&SEGMENT_MAGIC[..]) {
+            return Err(HeaderError::BadMagic);
+        }
+        let version = le_u32(h, 8);
+        if version != VERSION {
+            return Err(HeaderError::UnknownVersion(version));
+        }
+        let expected = le_u32(h, 24);
+        let got = crc32fast::hash(h.get(..24).unwrap_or_default());
+        if got != expected {
+            return Err(HeaderError::Crc { got, expected });
+        }
+        Ok(le_u64(h, 16))
+    }
+
+    /// Reads and checks (length bound and CRC) the version-1 frame at the start of `buf`;
+    /// returns its header and body.
+    pub fn check_frame(buf: &[u8]) -> Result<(FrameHeader, &[u8]), String> {
+        let h = buf
+            .get(..FRAME_HEADER_BYTES)
+            .ok_or_else(|| "truncated frame header".to_owned())?;
+        let header = FrameHeader {
+            body_len: le_u32(h, 0),
+            crc: le_u32(h, 4),
+            lsn: le_u64(h, 8),
+            group_left: le_u32(h, 16),
+            record_type: h.get(20).copied().unwrap_or(0),
+        };
+        if header.body_len > super::BODY_BYTES_MAX {
+            return Err(format!("bad frame length {}", header.body_len));
+        }
+        let end = FRAME_HEADER_BYTES + header.body_len as usize;
+        let frame = buf.get(..end).ok_or_else(|| "truncated frame".to_owned())?;
+        let got = crc32fast::hash(frame.get(8..).unwrap_or_default());
+        if got != header.crc {
+            return Err(format!(
+                "crc mismatch: got {got:#010x}, stored {:#010x}",
+                header.crc
+            ));
+        }
+        Ok((header, frame.get(FRAME_HEADER_BYTES..).unwrap_or_default()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,19 +427,29 @@ mod tests {
         }
     }
 
+    fn header() -> SegmentHeader {
+        SegmentHeader {
+            base_lsn: 42,
+            term: 7,
+            sync: SyncPolicyTag::Interval,
+            boot_id: [9; BOOT_ID_BYTES],
+            created_at_ms: 1_700_000_000_000,
+        }
+    }
+
     #[test]
     fn header_checks_each_field() {
-        let h = encode_segment_header(42);
-        assert_eq!(decode_segment_header(&h), Ok(42));
+        let h = header().encode();
+        assert_eq!(decode_segment_header(&h), Ok(header()));
         assert_eq!(decode_segment_header(&h[..10]), Err(HeaderError::Short));
         let mut bad = h;
         bad[0] ^= 1;
         assert_eq!(decode_segment_header(&bad), Err(HeaderError::BadMagic));
-        let mut v2 = h;
-        v2[HDR_VERSION] = 2;
+        let mut v9 = h;
+        v9[HDR_VERSION] = 9;
         assert_eq!(
-            decode_segment_header(&v2),
-            Err(HeaderError::UnknownVersion(2))
+            decode_segment_header(&v9),
+            Err(HeaderError::UnknownVersion(9))
         );
         let mut flipped = h;
         flipped[HDR_BASE_LSN] ^= 0x10;
@@ -261,6 +457,21 @@ mod tests {
             decode_segment_header(&flipped),
             Err(HeaderError::Crc { .. })
         ));
+    }
+
+    /// The header's bytes, pinned: a change here is a format change (FORMAT.md).
+    #[test]
+    fn header_golden_bytes() {
+        let hex: String = header()
+            .encode()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "89434c470d0a1a0a02000000010000002a00000000000000070000000000000009090909090909090909090909090909\
+             0068e5cf8b010000000000004eea4bd9"
+        );
     }
 
     proptest! {

@@ -54,6 +54,24 @@ pub trait FileSystem: Send + Sync + Debug {
     /// # Errors
     /// OS errors.
     fn open(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>>;
+    /// Opens an existing file for reading only (sealed segments: never written again).
+    ///
+    /// # Errors
+    /// OS errors.
+    fn open_read_only(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
+        self.open(path)
+    }
+    /// The identity of the running boot of the machine (Linux: the kernel's random boot
+    /// id), `None` when unknown. Recovery compares it with the one recorded when the last
+    /// segment was created: a different boot means unsynced writes may have been lost.
+    fn boot_id(&self) -> Option<[u8; crate::format::BOOT_ID_BYTES]> {
+        None
+    }
+    /// Bytes available to this process on the file system holding `dir`.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn available_bytes(&self, dir: &Path) -> io::Result<u64>;
     /// Reads a whole file.
     ///
     /// # Errors
@@ -69,6 +87,12 @@ pub trait FileSystem: Send + Sync + Debug {
     /// # Errors
     /// OS errors.
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames `from` to `to`, replacing `to` atomically (durable after
+    /// [`FileSystem::sync_dir`]).
+    ///
+    /// # Errors
+    /// OS errors.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// The file names in a directory.
     ///
     /// # Errors
@@ -126,6 +150,26 @@ impl FileSystem for StdFs {
         Ok(Arc::new(StdFile(f)))
     }
 
+    fn open_read_only(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
+        Ok(Arc::new(StdFile(File::open(path)?)))
+    }
+
+    fn boot_id(&self) -> Option<[u8; crate::format::BOOT_ID_BYTES]> {
+        let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let hex: Vec<u8> = text.trim().bytes().filter(|b| *b != b'-').collect();
+        let mut id = [0u8; crate::format::BOOT_ID_BYTES];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            let s = std::str::from_utf8(pair).ok()?;
+            *id.get_mut(i)? = u8::from_str_radix(s, 16).ok()?;
+        }
+        (hex.len() == 2 * crate::format::BOOT_ID_BYTES).then_some(id)
+    }
+
+    fn available_bytes(&self, dir: &Path) -> io::Result<u64> {
+        let st = rustix::fs::statvfs(dir).map_err(io::Error::from)?;
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         std::fs::read(path)
     }
@@ -136,6 +180,10 @@ impl FileSystem for StdFs {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<(String, PathBuf)>> {
@@ -155,7 +203,7 @@ impl FileSystem for StdFs {
 }
 
 #[cfg(feature = "testing")]
-pub use faulty::{Fault, FaultyFs};
+pub use faulty::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 
 #[cfg(feature = "testing")]
 mod faulty;

@@ -9,12 +9,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+#[allow(unused_imports)]
 use bincode::{Decode, Encode};
 
 use crate::codec;
-use crate::error::{Error, Result};
+use crate::error::{Error, IndexError, Result};
 use crate::log::Position;
-use crate::record::EventBody;
+use crate::record::{
+    decode_session, decode_stream, encode_session, encode_stream, wire_codec, EventBody,
+};
 use crate::state::{SessionMeta, StateView, StreamMeta};
 
 mod chunk;
@@ -43,27 +46,54 @@ pub(crate) mod prefix {
     pub const OPEN_STREAM: u8 = b'L';
     pub const ORIGIN: u8 = b'R';
     pub const SESSION_STATE: u8 = b'G';
+    pub const ENDED: u8 = b'T';
 }
 
 const APPLIED_LSN: &[u8] = b"Mapplied_lsn";
+const COUNTS: &[u8] = b"Mcounts";
 const INDEX_VERSION: &[u8] = b"Mindex_version";
 /// Version of the key schema; a mismatch rebuilds the index from the log.
 /// 1: one `E` key per run start. 2: run starts grouped in `E` chunks (see FORMAT.md).
-const INDEX_VERSION_VALUE: u32 = 2;
+/// 3: format 2's frame offsets; `G` session states; `T` ended keys; `M` counts.
+const INDEX_VERSION_VALUE: u32 = 3;
 
 /// A session with the LSN of the record its state was last carried from.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StoredSession {
     pub meta: SessionMeta,
     pub origin_lsn: u64,
 }
 
+wire_codec!(
+    StoredSession,
+    |s, e| {
+        encode_session(&s.meta, e)?;
+        s.origin_lsn.encode(e)
+    },
+    |d| Ok(StoredSession {
+        meta: decode_session(d)?,
+        origin_lsn: u64::decode(d)?,
+    })
+);
+
 /// A stream with the LSN of the record its state was last carried from.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StoredStream {
     pub meta: StreamMeta,
     pub origin_lsn: u64,
 }
+
+wire_codec!(
+    StoredStream,
+    |s, e| {
+        encode_stream(&s.meta, e)?;
+        s.origin_lsn.encode(e)
+    },
+    |d| Ok(StoredStream {
+        meta: decode_stream(d)?,
+        origin_lsn: u64::decode(d)?,
+    })
+);
 
 pub(crate) fn session_key(id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + id.len());
@@ -137,6 +167,22 @@ pub(crate) fn origin_key(lsn: u64, kind: u8, id: &[u8]) -> Vec<u8> {
     k
 }
 
+/// A time-ordered key of a session that expired or a stream that ended at `ended_ms`: the
+/// forget pass finds everything past the metadata horizon by one range scan.
+pub(crate) fn ended_key(ended_ms: u64, kind: u8, id: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(10 + id.len());
+    k.push(prefix::ENDED);
+    k.extend_from_slice(&ended_ms.to_be_bytes());
+    k.push(kind);
+    k.extend_from_slice(id);
+    k
+}
+
+/// Splits an ended key into (time, kind, id).
+pub(crate) fn parse_ended_key(k: &[u8]) -> Option<(u64, u8, &[u8])> {
+    parse_origin_key(k)
+}
+
 /// Splits an origin key into (lsn, kind, id).
 pub(crate) fn parse_origin_key(k: &[u8]) -> Option<(u64, u8, &[u8])> {
     let lsn = u64::from_be_bytes(k.get(1..9)?.try_into().ok()?);
@@ -145,11 +191,23 @@ pub(crate) fn parse_origin_key(k: &[u8]) -> Option<(u64, u8, &[u8])> {
 
 fn decode_value<T: bincode::Decode<()>>(key: &[u8], v: &[u8]) -> Result<T> {
     codec::decode(v).map_err(|e| {
-        Error::Index(sled::Error::Unsupported(format!(
+        Error::Index(IndexError::msg(format!(
             "undecodable index value under key prefix {:?}: {e}; delete the index directory to rebuild it",
             key.first().map(|b| char::from(*b))
         )))
     })
+}
+
+/// The index store's errors, as the engine's.
+pub(crate) trait StoreResult<T> {
+    /// Converts a sled error into [`Error::Index`].
+    fn store(self) -> Result<T>;
+}
+
+impl<T> StoreResult<T> for std::result::Result<T, sled::Error> {
+    fn store(self) -> Result<T> {
+        self.map_err(|e| Error::Index(IndexError::wrap(e)))
+    }
 }
 
 fn encode_value<T: bincode::Encode>(v: &T) -> Vec<u8> {
@@ -206,6 +264,56 @@ pub(crate) trait KvRead {
     }
 }
 
+/// Counts of remembered and live sessions and streams (or changes of them), kept
+/// incrementally by [`crate::apply::apply`] so stats never scan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub sessions: i64,
+    pub live_sessions: i64,
+    pub streams: i64,
+    pub open_streams: i64,
+}
+
+impl Counts {
+    pub(crate) fn add(&mut self, d: Counts) {
+        self.sessions += d.sessions;
+        self.live_sessions += d.live_sessions;
+        self.streams += d.streams;
+        self.open_streams += d.open_streams;
+    }
+
+    fn encode(self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        for (i, v) in [
+            self.sessions,
+            self.live_sessions,
+            self.streams,
+            self.open_streams,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        let v = |i: usize| -> Option<i64> {
+            Some(i64::from_le_bytes(
+                b.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+            ))
+        };
+        (b.len() == 32).then_some(())?;
+        Some(Self {
+            sessions: v(0)?,
+            live_sessions: v(1)?,
+            streams: v(2)?,
+            open_streams: v(3)?,
+        })
+    }
+}
+
 /// Memtable size at which the writer stops and moves it into sled itself (back-pressure
 /// when the background flush falls behind), and recovery flushes between chunks.
 pub(crate) const MEMTABLE_ENTRIES_MAX: usize = 64 * 1024;
@@ -234,6 +342,8 @@ pub(crate) struct Index {
     tree: sled::Tree,
     mem: Arc<RwLock<Memtable>>,
     flushing_lock: Arc<Mutex<()>>,
+    /// The counts as sled holds them (the memtable's layers hold changes of them).
+    stored_counts: Arc<Mutex<Counts>>,
 }
 
 /// The smallest key greater than every key starting with `prefix` (`None`: no bound).
@@ -252,11 +362,12 @@ impl Index {
     /// Opens (creating) the index in `dir`. The caller holds the data directory's lock, so
     /// a busy sled lock can only be this process's previous instance whose sled I/O threads
     /// are still winding down after close: wait for them (briefly) rather than fail.
-    pub(crate) fn open(dir: &Path) -> Result<Self> {
+    pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let db = loop {
             match sled::Config::new()
                 .path(dir)
+                .cache_capacity(cache_bytes)
                 .flush_every_ms(Some(1000))
                 .open()
             {
@@ -268,16 +379,72 @@ impl Index {
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(Error::Index(IndexError::wrap(e))),
             }
         };
-        let tree = db.open_tree("cursorlog")?;
+        let tree = db.open_tree("cursorlog").store()?;
+        let counts = tree
+            .get(COUNTS)
+            .store()?
+            .and_then(|v| Counts::decode(&v))
+            .unwrap_or_default();
         Ok(Self {
             db,
             tree,
             mem: Arc::default(),
             flushing_lock: Arc::default(),
+            stored_counts: Arc::new(Mutex::new(counts)),
         })
+    }
+
+    /// The counts of remembered and live sessions and streams, now.
+    pub(crate) fn counts(&self) -> Counts {
+        let mut c = *self
+            .stored_counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mem = self.mem();
+        if let Some(f) = &mem.flushing {
+            c.add(f.counts);
+        }
+        c.add(mem.active.counts);
+        c
+    }
+
+    /// Keys in `start..end` (sled merged with the memtable), at most `limit`.
+    pub(crate) fn keys_in(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>> {
+        Ok(self
+            .range(start, Some(end), limit)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
+    }
+
+    /// Calls `f` with every live entry whose key starts with `prefix`, in key order, without
+    /// collecting them (a scan of many keys at open costs no memory of its own). Stops at
+    /// the first error `f` returns.
+    pub(crate) fn for_each_with_prefix(
+        &self,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        const PAGE: usize = 1024;
+        let end = prefix_end(prefix);
+        let mut start = prefix.to_vec();
+        loop {
+            let page = self.range(&start, end.as_deref(), PAGE)?;
+            let full = page.len() == PAGE;
+            for (k, v) in &page {
+                f(k, v)?;
+            }
+            match page.last() {
+                Some((k, _)) if full => {
+                    start.clone_from(k);
+                    start.push(0);
+                }
+                _ => return Ok(()),
+            }
+        }
     }
 
     fn mem(&self) -> std::sync::RwLockReadGuard<'_, Memtable> {
@@ -292,14 +459,15 @@ impl Index {
     pub(crate) fn applied_lsn(&self) -> Result<u64> {
         Ok(self
             .tree
-            .get(APPLIED_LSN)?
+            .get(APPLIED_LSN)
+            .store()?
             .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
             .map_or(0, u64::from_le_bytes))
     }
 
     /// True when the index was written by this key schema (or is empty).
     pub(crate) fn version_ok(&self) -> Result<bool> {
-        Ok(match self.tree.get(INDEX_VERSION)? {
+        Ok(match self.tree.get(INDEX_VERSION).store()? {
             None => self.tree.is_empty(),
             Some(v) => v.as_ref() == INDEX_VERSION_VALUE.to_le_bytes(),
         })
@@ -308,9 +476,14 @@ impl Index {
     /// Drops everything (before a rebuild from the log).
     pub(crate) fn clear(&self) -> Result<()> {
         *self.mem_mut() = Memtable::default();
-        self.tree.clear()?;
+        *self
+            .stored_counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Counts::default();
+        self.tree.clear().store()?;
         self.tree
-            .insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes())?;
+            .insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes())
+            .store()?;
         Ok(())
     }
 
@@ -352,7 +525,7 @@ impl Index {
     /// Moves the memtable into sled and makes sled durable.
     pub(crate) fn flush(&self) -> Result<()> {
         self.flush_memtable()?;
-        self.db.flush()?;
+        self.db.flush().store()?;
         Ok(())
     }
 
@@ -409,7 +582,7 @@ impl Index {
         };
         let value = match value {
             Some(v) => v,
-            None => self.tree.get(key)?.map(|v| v.to_vec()),
+            None => self.tree.get(key).store()?.map(|v| v.to_vec()),
         };
         Ok((value, head))
     }
@@ -526,29 +699,21 @@ impl Index {
             .collect()
     }
 
-    /// Counts keys with a prefix.
-    pub(crate) fn count(&self, p: u8) -> Result<u64> {
-        Ok(self.raw_scan(&[p])?.len() as u64)
-    }
-
-    /// Origin markers below `lsn`: state that must be carried forward (or dropped) before
-    /// segments ending below `lsn` are deleted.
-    pub(crate) fn origins_below(&self, lsn: u64) -> Result<Vec<Vec<u8>>> {
-        let start = origin_key(0, 0, &[]);
-        let end = origin_key(lsn, 0, &[]);
-        Ok(self
-            .range(&start, Some(&end), usize::MAX)?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect())
-    }
-
     /// Every key and value except the applied-LSN marker (tests compare rebuilt indexes).
+    /// The counts are shown as they are now (sled's own value lags the memtable).
     pub(crate) fn dump(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let counts = self.counts();
         Ok(self
             .range(&[], None, usize::MAX)?
             .into_iter()
             .filter(|(k, _)| k.as_slice() != APPLIED_LSN)
+            .map(|(k, v)| {
+                if k.as_slice() == COUNTS {
+                    (k, counts.encode().to_vec())
+                } else {
+                    (k, v)
+                }
+            })
             .collect())
     }
 }
@@ -577,7 +742,7 @@ impl KvRead for Index {
                 .filter(|(k, _)| k == key)
                 .map(|(_, v)| v));
         }
-        Ok(self.tree.get(key)?.map(|v| v.to_vec()))
+        Ok(self.tree.get(key).store()?.map(|v| v.to_vec()))
     }
 
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

@@ -30,24 +30,29 @@
 //! # Ok(()) }
 //! ```
 
+mod activity;
 mod api;
 mod apply;
 mod background;
+mod clock;
 mod codec;
 mod config;
 mod cursor;
 mod engine;
 mod error;
+mod followers;
 mod format;
 mod fs;
 mod index;
+mod leases;
 mod log;
+mod mailbox;
 mod mmap;
 mod read;
 mod record;
 mod recovery;
 mod retention;
-mod segment;
+mod shared;
 mod state;
 mod verdict;
 mod verify;
@@ -59,12 +64,13 @@ pub use api::{
 };
 /// The payload type of [`Event`], re-exported so callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
 pub use engine::Engine;
-pub use error::{CorruptionKind, Error, Result};
+pub use error::{CorruptionKind, Error, IndexError, Result};
 #[cfg(feature = "testing")]
-pub use fs::{Fault, FaultyFs};
+pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
 pub use mmap::SegmentMap;
 pub use read::Follower;

@@ -2,18 +2,26 @@
 
 use std::fs::File;
 
-/// A read-only memory map of a sealed, fsynced segment file. Only the real file system
-/// ([`crate::StdFs`]) can make one; other [`crate::FileSystem`]s return `None` from `map`.
+/// A read-only view of a whole sealed, fsynced segment: a memory map made by the real file
+/// system ([`crate::StdFs`]), or an in-memory copy made by a simulated one, so tests walk
+/// the same read path as production.
 ///
 /// # Invariants
 /// Only sealed segments are mapped. A sealed segment is never written, truncated or
-/// overwritten while cursorlog holds its directory lock; it is unlinked only after the last
-/// `Arc<Segment>` is dropped, and a map outliving that (events read from it share it as
-/// `Bytes`) keeps the unlinked file's pages valid until the last of them goes. Every read
-/// through the map checks the frame CRC, so bytes changed behind our back are reported as
-/// corruption, not served.
+/// overwritten while cursorlog holds its directory lock. Retention unlinks a retired
+/// segment's file while maps of it may still be alive (events read from it share it as
+/// `Bytes`): on Linux an unlinked file's pages stay valid until the last map goes. Every
+/// read through the map checks the frame CRC, so bytes changed behind our back are reported
+/// as corruption, not served.
 #[derive(Debug)]
-pub struct SegmentMap(memmap2::Mmap);
+pub struct SegmentMap(Inner);
+
+#[derive(Debug)]
+enum Inner {
+    Mapped(memmap2::Mmap),
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    InMemory(Vec<u8>),
+}
 
 impl SegmentMap {
     /// Maps `file` read-only.
@@ -23,7 +31,13 @@ impl SegmentMap {
         // never writes or truncates it again, the directory lock keeps other cursorlog
         // processes away, and readers verify CRCs so external tampering cannot be served.
         let map = unsafe { memmap2::Mmap::map(file)? };
-        Ok(Self(map))
+        Ok(Self(Inner::Mapped(map)))
+    }
+
+    /// A "map" holding a copy of the bytes, for a simulated file system.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn in_memory(bytes: Vec<u8>) -> Self {
+        Self(Inner::InMemory(bytes))
     }
 }
 
@@ -31,6 +45,9 @@ impl SegmentMap {
 /// the map instead of copies of their payloads.
 impl AsRef<[u8]> for SegmentMap {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Inner::Mapped(m) => m,
+            Inner::InMemory(v) => v,
+        }
     }
 }

@@ -10,6 +10,11 @@ use crate::codec;
 use crate::format::{FrameHeader, BODY_BYTES_MAX, FRAME_HEADER_BYTES};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
 
+mod wire;
+
+pub(crate) use wire::wire_codec;
+pub(crate) use wire::{decode_session, decode_stream, encode_session, encode_stream};
+
 /// Record type tags (the frame's `record_type` byte). Never reuse a retired tag.
 pub(crate) mod tag {
     pub const SESSION_OPENED: u8 = 1;
@@ -24,6 +29,7 @@ pub(crate) mod tag {
     pub const STREAM_FORGOTTEN: u8 = 10;
     pub const SESSION_FORGOTTEN: u8 = 11;
     pub const SESSION_STATE: u8 = 12;
+    pub const SHUTDOWN: u8 = 13;
 }
 
 /// An event's stored fields (also the terminal frame inside [`Terminal`]).
@@ -39,7 +45,7 @@ pub(crate) struct EventBody {
 
 /// A terminal tombstone: the stream enters `state` at `terminal_seq`, never to change again.
 /// With a `frame`, the frame is the event at `terminal_seq`.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Terminal {
     pub stream: u64,
     pub state: StreamState,
@@ -48,6 +54,33 @@ pub(crate) struct Terminal {
     pub reason: Option<String>,
     pub frame: Option<EventBody>,
 }
+
+wire_codec!(
+    Terminal,
+    |t, e| {
+        t.stream.encode(e)?;
+        wire::encode_state(t.state, e)?;
+        t.terminal_seq.encode(e)?;
+        t.at_ms.encode(e)?;
+        t.reason.encode(e)?;
+        t.frame.encode(e)
+    },
+    |d| Ok(Terminal {
+        stream: u64::decode(d)?,
+        state: wire::decode_state(d)?,
+        terminal_seq: u64::decode(d)?,
+        at_ms: u64::decode(d)?,
+        reason: Option::<String>::decode(d)?,
+        frame: Option::<EventBody>::decode(d)?,
+    })
+);
+
+/// [`SessionMeta`] as a record body (its private encoding).
+struct SessionSnapshotBody(SessionMeta);
+
+wire_codec!(SessionSnapshotBody, |s, e| encode_session(&s.0, e), |d| Ok(
+    SessionSnapshotBody(decode_session(d)?)
+));
 
 /// Every state change cursorlog makes is one of these, in the log first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +125,11 @@ pub(crate) enum Record {
     },
     /// Replaces a session's opaque state (the front-end's, e.g. MCP `initialize` parameters).
     SessionState(SessionStateBody),
+    /// The last record of a clean shutdown: everything before it was synced. Changes no
+    /// state; tells the next open that the previous run ended cleanly.
+    Shutdown {
+        at_ms: u64,
+    },
 }
 
 /// A session's opaque state, as set by the front-end.
@@ -114,11 +152,23 @@ pub(crate) struct StreamOpened {
 }
 
 /// A stream's whole state.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StreamSnapshot {
     pub meta: StreamMeta,
     pub terminal_frame: Option<EventBody>,
 }
+
+wire_codec!(
+    StreamSnapshot,
+    |s, e| {
+        encode_stream(&s.meta, e)?;
+        s.terminal_frame.encode(e)
+    },
+    |d| Ok(StreamSnapshot {
+        meta: decode_stream(d)?,
+        terminal_frame: Option::<EventBody>::decode(d)?,
+    })
+);
 
 #[derive(Encode, Decode)]
 struct SessionEpoch {
@@ -156,6 +206,7 @@ impl Record {
             Self::StreamForgotten { .. } => tag::STREAM_FORGOTTEN,
             Self::SessionForgotten { .. } => tag::SESSION_FORGOTTEN,
             Self::SessionState(_) => tag::SESSION_STATE,
+            Self::Shutdown { .. } => tag::SHUTDOWN,
         }
     }
 
@@ -203,7 +254,7 @@ impl Record {
                 },
                 out,
             ),
-            Self::SessionSnapshot(b) => codec::encode_into(b, out),
+            Self::SessionSnapshot(b) => codec::encode_into(&SessionSnapshotBody(b.clone()), out),
             Self::StreamSnapshot(b) => codec::encode_into(b, out),
             Self::StreamForgotten { stream, at_ms } => codec::encode_into(
                 &TrimBody {
@@ -221,6 +272,19 @@ impl Record {
                 out,
             ),
             Self::SessionState(b) => codec::encode_into(b, out),
+            Self::Shutdown { at_ms } => codec::encode_into(at_ms, out),
+        }
+    }
+
+    /// The stream whose state this record changes, if it is about one stream.
+    pub(crate) fn stream_id(&self) -> Option<u64> {
+        match self {
+            Self::Event(e) => Some(e.stream),
+            Self::Terminal(t) => Some(t.stream),
+            Self::Trim { stream, .. } | Self::StreamForgotten { stream, .. } => Some(*stream),
+            Self::StreamOpened(o) => Some(o.stream),
+            Self::StreamSnapshot(s) => Some(s.meta.id),
+            _ => None,
         }
     }
 
@@ -281,7 +345,9 @@ impl Record {
                     at_ms: b.at_ms,
                 }
             }
-            tag::SESSION_SNAPSHOT => Self::SessionSnapshot(codec::decode(body)?),
+            tag::SESSION_SNAPSHOT => {
+                Self::SessionSnapshot(codec::decode::<SessionSnapshotBody>(body)?.0)
+            }
             tag::STREAM_SNAPSHOT => Self::StreamSnapshot(codec::decode(body)?),
             tag::STREAM_FORGOTTEN => {
                 let b: TrimBody = codec::decode(body)?;
@@ -298,6 +364,9 @@ impl Record {
                 }
             }
             tag::SESSION_STATE => Self::SessionState(codec::decode(body)?),
+            tag::SHUTDOWN => Self::Shutdown {
+                at_ms: codec::decode(body)?,
+            },
             other => return Err(format!("unknown record type {other}")),
         })
     }
@@ -443,6 +512,7 @@ pub(crate) fn encode_frame(
     record: &Record,
     lsn: u64,
     group_left: u32,
+    synced_through: u64,
     out: &mut Vec<u8>,
 ) -> Result<u32, String> {
     let start = out.len();
@@ -457,6 +527,7 @@ pub(crate) fn encode_frame(
         body_len,
         crc: 0,
         lsn,
+        synced_through,
         group_left,
         record_type: record.tag(),
     };
@@ -480,6 +551,7 @@ pub(crate) enum FrameError {
 }
 
 /// A frame decoded from a buffer.
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub header: FrameHeader,
@@ -490,6 +562,7 @@ pub(crate) struct Frame {
 ///
 /// # Errors
 /// [`FrameError`] naming the first check that failed; never panics on any input.
+#[cfg(test)]
 pub(crate) fn decode_frame(buf: &[u8]) -> Result<Frame, FrameError> {
     let header = check_frame(buf)?;
     let body = buf

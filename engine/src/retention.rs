@@ -10,14 +10,20 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::error::{CorruptionKind, Error, Result};
-use crate::format::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use std::sync::atomic::Ordering;
+
+use crate::clock::duration_ms;
+use crate::error::Result;
 use crate::index::KvRead;
-use crate::read::{frame_len_in, ReadAhead};
-use crate::record::{decode_frame, Record};
-use crate::recovery::frame_corruption;
-use crate::segment::Segment;
-use crate::writer::{duration_ms, now_ms, Command, Shared};
+use crate::log::frames::{walk, Step, Windowed};
+use crate::log::Segment;
+use crate::mailbox::{Command, Reply};
+use crate::record::{tag, Record};
+use crate::shared::Shared;
+
+/// Most states one carry-forward or forget group holds: a retirement is many small groups,
+/// never one that grows with the live state.
+pub(crate) const CARRY_GROUP_MAX: usize = 1024;
 
 /// What one pass decided.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -72,39 +78,30 @@ fn summarize(seg: &Segment) -> Result<SegmentSummary> {
     // Window by window (positional reads, not the map, so nothing stays resident), frame by
     // frame. A frame that does not check is an error, never the end of the summary: a
     // summary missing the streams after it could call live events dead and retire them.
-    let corrupt = |offset, kind| Error::Corruption {
-        segment: seg.path().to_path_buf(),
-        offset,
-        kind,
-    };
-    let mut ahead = ReadAhead::default();
-    let mut offset = SEGMENT_HEADER_BYTES as u64;
-    let mut expected_lsn = seg.base_lsn();
-    while offset < seg.len() {
-        let Some(len) = frame_len_in(ahead.at(seg, offset, FRAME_HEADER_BYTES as u64)?) else {
-            return Err(corrupt(offset, CorruptionKind::BadLength(0)));
+    let end = walk(&mut Windowed::new(seg), seg.base_lsn(), |step| {
+        let Step::Frame(f) = step else {
+            return Ok(Ok(()));
         };
-        let frame = decode_frame(ahead.at(seg, offset, len)?)
-            .map_err(|e| corrupt(offset, frame_corruption(e)))?;
-        if frame.header.lsn != expected_lsn {
-            return Err(corrupt(
-                offset,
-                CorruptionKind::LsnGap {
-                    expected: expected_lsn,
-                    got: frame.header.lsn,
-                },
-            ));
+        let event = match f.header.record_type {
+            tag::EVENT | tag::TERMINAL => match Record::decode(f.header.record_type, f.body) {
+                Ok(Record::Event(e)) => Some((e.stream, e.seq, e.at_ms)),
+                Ok(Record::Terminal(t)) if t.frame.is_some() => {
+                    Some((t.stream, t.terminal_seq, t.at_ms))
+                }
+                Ok(_) => None,
+                Err(why) => return Ok(Err(crate::error::CorruptionKind::BadBody(why))),
+            },
+            _ => None,
+        };
+        if let Some((stream, seq, at)) = event {
+            s.newest_ms = s.newest_ms.max(at);
+            let m = s.max_seq.entry(stream).or_insert(0);
+            *m = (*m).max(seq);
         }
-        expected_lsn += 1;
-        offset += len;
-        let (stream, seq, at) = match frame.record {
-            Record::Event(e) => (e.stream, e.seq, e.at_ms),
-            Record::Terminal(t) if t.frame.is_some() => (t.stream, t.terminal_seq, t.at_ms),
-            _ => continue,
-        };
-        s.newest_ms = s.newest_ms.max(at);
-        let m = s.max_seq.entry(stream).or_insert(0);
-        *m = (*m).max(seq);
+        Ok(Ok(()))
+    })?;
+    if let Some((offset, kind)) = end.damage {
+        return Err(seg.corruption(offset, kind));
     }
     Ok(s)
 }
@@ -112,12 +109,13 @@ fn summarize(seg: &Segment) -> Result<SegmentSummary> {
 /// Decides what to evict and retire now. Pure apart from reading segments and the index.
 pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
     let cfg = &shared.config.retention;
-    let all = shared.segments.all();
+    let all = shared.log.all();
     let Some((_, sealed)) = all.split_last() else {
         return Ok(Plan::default());
     };
     let sealed: Vec<Arc<Segment>> = sealed.iter().filter(|s| s.is_sealed()).cloned().collect();
-    let now = now_ms();
+    let now = shared.now_ms();
+    let low_disk = shared.low_disk.load(Ordering::Acquire);
     let mut total: u64 = all.iter().map(|s| s.len()).sum();
     let mut plan = Plan::default();
     let mut wanted: BTreeMap<u64, u64> = BTreeMap::new();
@@ -135,10 +133,11 @@ pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
         let too_big = cfg.max_total_bytes.is_some_and(|max| total > max);
         let mut dead = true;
         for (stream, max_seq) in &summary.max_seq {
+            // A stream that is no longer remembered (forgotten) keeps none of its events.
             let watermark = shared
                 .index
                 .stored_stream(*stream)?
-                .map_or(0, |s| s.meta.watermark);
+                .map_or(u64::MAX, |s| s.meta.watermark);
             let raised = wanted.get(stream).copied().unwrap_or(0);
             if *max_seq >= watermark.max(raised) {
                 if too_old || too_big {
@@ -155,6 +154,11 @@ pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
         retire.push(seg.base_lsn());
         retired_streams.extend(summary.max_seq.keys().copied());
         retire_below = all.get(i + 1).map_or(0, |n| n.base_lsn());
+        if low_disk {
+            // Short of space: one segment at a time, so carrying its state forward never
+            // needs more than a segment's worth of the reserve.
+            break;
+        }
     }
     plan.raise = wanted.into_iter().collect();
     if !retire.is_empty() {
@@ -163,27 +167,60 @@ pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
     Ok(plan)
 }
 
-/// Runs one pass, sending the writer what the plan needs.
-pub(crate) fn run_pass(shared: &Shared, submit: &dyn Fn(Command) -> Result<()>) -> Result<usize> {
-    let plan = plan(shared)?;
-    for (stream, watermark) in &plan.raise {
-        match submit(Command::Trim {
-            session: None,
-            stream: *stream,
-            watermark: *watermark,
-        }) {
-            Ok(()) | Err(crate::Error::UnknownStream(_)) => {}
-            Err(e) => return Err(e),
+/// Runs one pass, sending the writer what the plan needs: forget what is past the metadata
+/// horizon, raise watermarks, carry the state born in the retirable segments forward in
+/// bounded groups, and only then retire them. Returns the segments retired.
+///
+/// # Errors
+/// Write or index failures; a retirement refused because its state was not all carried.
+pub(crate) fn run_pass(
+    shared: &Shared,
+    submit: &dyn Fn(Command) -> Result<Reply>,
+) -> Result<usize> {
+    let _one = shared
+        .retention_lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    while let Reply::Count(n) = submit(Command::Forget {
+        limit: CARRY_GROUP_MAX,
+    })? {
+        if n == 0 {
+            break;
         }
     }
-    let Some((bases, below_lsn, streams)) = plan.retire else {
-        return Ok(0);
-    };
-    let n = bases.len();
-    submit(Command::Retire {
-        below_lsn,
-        bases,
-        streams,
-    })?;
-    Ok(n)
+    let mut retired = 0;
+    loop {
+        let plan = plan(shared)?;
+        for (stream, watermark) in &plan.raise {
+            match submit(Command::Trim {
+                session: None,
+                stream: *stream,
+                watermark: *watermark,
+            }) {
+                Ok(_) | Err(crate::Error::UnknownStream(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((bases, below_lsn, streams)) = plan.retire else {
+            return Ok(retired);
+        };
+        while let Reply::Count(n) = submit(Command::CarryForward {
+            below_lsn,
+            limit: CARRY_GROUP_MAX,
+        })? {
+            if n == 0 {
+                break;
+            }
+        }
+        let n = bases.len();
+        submit(Command::Retire {
+            below_lsn,
+            bases,
+            streams,
+        })?;
+        retired += n;
+        if !shared.low_disk.load(Ordering::Acquire) {
+            return Ok(retired);
+        }
+    }
 }

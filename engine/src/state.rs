@@ -3,10 +3,8 @@
 //! These are plain values; where they are stored (the sled index today, a replicated tier
 //! later) is behind [`StateView`], so the verdict logic never touches storage.
 
-use bincode::{Decode, Encode};
-
 /// Lifecycle of a stream. Every state but `Open` is terminal and never changes again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StreamState {
     /// Accepting events.
     Open,
@@ -42,7 +40,7 @@ impl std::fmt::Display for StreamState {
 }
 
 /// What the engine remembers about a session.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionMeta {
     /// The opaque session id (the `Mcp-Session-Id`).
     pub id: String,
@@ -59,7 +57,7 @@ pub struct SessionMeta {
 /// # Invariants
 /// `1 <= watermark <= head + 1`; `terminal_seq == head` once `state` is terminal;
 /// `state` never leaves a terminal value.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamMeta {
     /// Globally unique stream id.
     pub id: u64,

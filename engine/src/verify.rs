@@ -7,9 +7,18 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::{decode_segment_header, INDEX_DIR};
+use crate::format::{decode_segment_header, legacy_v1, segment_version, INDEX_DIR};
 use crate::fs::{FileSystem, StdFs};
-use crate::recovery::{header_error, list_segments, scan_segment};
+use crate::log::frames::{classify_tail, walk, TailDamage, WalkEnd};
+use crate::log::{header_error, list_segments};
+
+/// Walks a current-format segment image and says whether damage at its end is a torn,
+/// unsynced write (what recovery cuts) rather than damage to synced data.
+fn walk_image(bytes: &[u8], base: u64) -> Result<(WalkEnd, bool)> {
+    let end = walk(&mut &bytes[..], base, |_| Ok(Ok(())))?;
+    let torn = !matches!(classify_tail(bytes, &end), TailDamage::Synced { .. });
+    Ok((end, torn))
+}
 
 /// What `verify` found in one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +35,9 @@ pub struct SegmentReport {
     pub torn_tail_bytes: u64,
     /// Corruption found, if any.
     pub error: Option<String>,
+    /// The segment is of an older format version (it is upgraded the next time the
+    /// directory is opened; its frames are checked then).
+    pub legacy_version: Option<u32>,
 }
 
 /// What `verify` found in a data directory.
@@ -51,6 +63,7 @@ impl std::fmt::Display for VerifyReport {
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
             match &s.error {
                 Some(e) => writeln!(f, "CORRUPT {name}: {e}")?,
+                None if s.legacy_version.is_some() => writeln!(f, "ok      {name}: format version {} (upgraded on next open), {} bytes", s.legacy_version.unwrap_or(0), s.bytes)?,
                 None if s.torn_tail_bytes > 0 => writeln!(f, "ok      {name}: {} records, {} bytes, torn tail of {} bytes (truncated on next open)", s.records, s.bytes, s.torn_tail_bytes)?,
                 None => writeln!(f, "ok      {name}: {} records, {} bytes", s.records, s.bytes)?,
             }
@@ -94,23 +107,31 @@ pub fn verify_dir_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyReport> 
             bytes: bytes.len() as u64,
             torn_tail_bytes: 0,
             error: None,
+            legacy_version: None,
         };
         let is_tail = i + 1 == count;
+        if segment_version(&bytes) == Ok(legacy_v1::VERSION) {
+            seg.legacy_version = Some(legacy_v1::VERSION);
+            expected_base = None;
+            report.segments.push(seg);
+            continue;
+        }
         match decode_segment_header(&bytes) {
             Err(e) => seg.error = Some(header_error(&path, e).to_string()),
-            Ok(h) if h != base => {
+            Ok(h) if h.base_lsn != base => {
                 seg.error = Some(format!(
-                    "header names lsn {h} but the file name says {base}"
+                    "header names lsn {} but the file name says {base}",
+                    h.base_lsn
                 ))
             }
             Ok(_) => {
-                let end = scan_segment(&bytes, base, |_| Ok(()))?;
+                let (end, torn) = walk_image(&bytes, base)?;
                 seg.records = end.records;
                 if let Some(prev_end) = expected_base.filter(|e| *e != base) {
                     seg.error = Some(format!("lsn gap: previous segment ends before {prev_end}, this one starts at {base}"));
                 }
                 match end.damage {
-                    Some((offset, kind)) if !is_tail || !end.is_torn_tail(&bytes) => {
+                    Some((offset, kind)) if !is_tail || !torn => {
                         let kind = if is_tail {
                             CorruptionKind::DamageBeforeValidRecords
                         } else {
@@ -209,8 +230,7 @@ pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Re
         let (cut_at, kind) = match decode_segment_header(&bytes) {
             Err(e) => (0, header_kind(path, e)),
             Ok(_) => {
-                let end = scan_segment(&bytes, *base, |_| Ok(()))?;
-                let torn = end.is_torn_tail(&bytes);
+                let (end, torn) = walk_image(&bytes, *base)?;
                 match end.damage {
                     None => continue,
                     Some((offset, kind)) => {

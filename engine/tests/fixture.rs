@@ -142,11 +142,23 @@ fn generate(dir: &Path) {
     let b1 = open_stream(&e, "beta", Some("b"));
     append(&e, "beta", b1, 2);
     e.expire_session("beta").unwrap();
+
+    // Format 2: session state (and, on close, the shutdown marker).
+    e.open_session_with_state(
+        "delta",
+        Some(b"{\"protocolVersion\":\"2025-11-25\"}".to_vec()),
+    )
+    .unwrap();
+    let d1 = open_stream(&e, "delta", Some("d"));
+    append(&e, "delta", d1, 3);
+    e.set_session_state("delta", b"{\"protocolVersion\":\"2026-07-28\"}".to_vec())
+        .unwrap();
     e.close().unwrap();
 }
 
-/// What the engine serves from `dir`, as text: one line per probe.
-fn describe(e: &Engine) -> String {
+/// What the engine serves from a fixture written by format `version`, as text: one line per
+/// probe (what a version could store decides what is probed).
+fn describe(e: &Engine, version: u32) -> String {
     let mut out = String::new();
     let mut sessions = e.sessions().unwrap();
     sessions.sort_by(|a, b| a.id.cmp(&b.id));
@@ -157,6 +169,10 @@ fn describe(e: &Engine) -> String {
             s.id, s.epoch, s.opened_at_ms, s.expired_at_ms
         )
         .unwrap();
+        if version >= 2 {
+            let view = e.session(&s.id).unwrap().unwrap();
+            writeln!(out, "  state {}", hex(&view.state)).unwrap();
+        }
     }
     let mut streams: Vec<StreamMeta> = e.streams().unwrap();
     streams.sort_by_key(|s| s.id);
@@ -180,12 +196,16 @@ fn describe(e: &Engine) -> String {
         )
         .unwrap();
     }
-    let probe_sessions = ["alpha", "beta", "gamma", "s-forgotten", "nobody"];
+    let probe_sessions: &[&str] = if version >= 2 {
+        &["alpha", "beta", "gamma", "delta", "s-forgotten", "nobody"]
+    } else {
+        &["alpha", "beta", "gamma", "s-forgotten", "nobody"]
+    };
     let max_stream = streams.iter().map(|s| s.id).max().unwrap_or(0);
     // Every stream, one that was forgotten (1), and ids never allocated.
     let mut probe_streams: Vec<u64> = streams.iter().map(|s| s.id).collect();
     probe_streams.extend([1, 2, max_stream + 1, u64::MAX]);
-    for session in probe_sessions {
+    for &session in probe_sessions {
         for cursor in ["", "x", "1-2", "1-1-1-1", "18446744073709551616-1-1"] {
             let r = e.resolve(session, cursor, None).unwrap();
             writeln!(out, "resolve {session} {cursor:?} -> {}", resolution(&r)).unwrap();
@@ -269,7 +289,12 @@ fn describe(e: &Engine) -> String {
             )
             .unwrap();
         }
-        for correlation in ["1", "2", "3", "6", "b", "bulk", "r1", "none"] {
+        let correlations: &[&str] = if version >= 2 {
+            &["1", "2", "3", "6", "b", "d", "bulk", "r1", "none"]
+        } else {
+            &["1", "2", "3", "6", "b", "bulk", "r1", "none"]
+        };
+        for &correlation in correlations {
             let outcome = e.outcome(session, correlation).unwrap();
             writeln!(
                 out,
@@ -364,7 +389,7 @@ fn serves_identically(version: u32) {
     let tmp = tempfile::tempdir().unwrap();
     copy_dir(&fixture.join("data"), tmp.path());
     let e = Engine::open(serving_config(tmp.path())).expect("the fixture opens");
-    let got = describe(&e);
+    let got = describe(&e, version);
     let expected = std::fs::read_to_string(fixture.join("expected.txt")).unwrap();
     if got != expected {
         let first = got
@@ -383,13 +408,22 @@ fn serves_identically(version: u32) {
     e.close().unwrap();
     drop(e);
     let e = Engine::open(serving_config(tmp.path())).unwrap();
-    assert_eq!(describe(&e), expected, "format-v{version} after a reopen");
+    assert_eq!(
+        describe(&e, version),
+        expected,
+        "format-v{version} after a reopen"
+    );
     e.close().unwrap();
 }
 
 #[test]
 fn format_v1_fixture_serves_identically() {
     serves_identically(1);
+}
+
+#[test]
+fn format_v2_fixture_serves_identically() {
+    serves_identically(2);
 }
 
 /// Writes the current format's fixture: `cargo test -p cursorlog-engine --test fixture --
@@ -420,7 +454,7 @@ fn generate_fixture() {
         }
     }
     let e = Engine::open(serving_config(&data)).unwrap();
-    let text = describe(&e);
+    let text = describe(&e, version);
     e.close().unwrap();
     drop(e);
     // Opening wrote an index and a lock: the fixture is the segments alone.

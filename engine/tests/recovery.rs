@@ -87,7 +87,8 @@ struct TornCase {
 }
 
 /// Runs `setup`, closes, snapshots the directory as the reference, reopens, runs `last` (the
-/// operation whose group will be torn), closes.
+/// operation whose group will be torn) and stops as a crash would (no shutdown marker after
+/// the group).
 fn torn_case(setup: impl FnOnce(&Engine), last: impl FnOnce(&Engine)) -> TornCase {
     let full = tmp();
     let reference = tmp();
@@ -98,7 +99,7 @@ fn torn_case(setup: impl FnOnce(&Engine), last: impl FnOnce(&Engine)) -> TornCas
     copy_dir(full.path(), reference.path());
     let e = open_always(full.path());
     last(&e);
-    e.close().unwrap();
+    e.simulate_crash();
     drop(e);
     TornCase {
         full: full.path().to_path_buf(),
@@ -682,11 +683,11 @@ fn corruption_kind_unknown_version() {
         let mut path = PathBuf::new();
         let (_dir, r) = open_damaged(base.path(), false, |d| {
             path = segment_files(d)[which].clone();
-            write_at(&path, 8, &2u32.to_le_bytes());
+            write_at(&path, 8, &9u32.to_le_bytes());
         });
         assert_eq!(
             corruption(r, &path, 0),
-            CorruptionKind::UnknownVersion(2),
+            CorruptionKind::UnknownVersion(9),
             "segment {which}"
         );
     }
@@ -700,6 +701,7 @@ fn corruption_kind_lsn_gap_from_a_frame_cut_out_of_a_sealed_segment() {
         offset: 0,
         len: 0,
         lsn: 0,
+        synced_through: 0,
         group_left: 0,
         record_type: 0,
     };
@@ -829,7 +831,7 @@ fn corruption_kind_bad_body_with_a_valid_crc() {
         offset = f.offset;
         let mut bytes = std::fs::read(&path).unwrap();
         let at = f.offset as usize;
-        bytes[at + 20] = 200; // unknown record type
+        bytes[at + 28] = 200; // unknown record type
         let mut h = crc32fast::Hasher::new();
         h.update(&bytes[at + 8..f.end() as usize]);
         bytes[at + 4..at + 8].copy_from_slice(&h.finalize().to_le_bytes());
@@ -1349,7 +1351,8 @@ fn reopening_many_times_keeps_lsns_and_stream_ids_monotone_and_unique() {
         }
         let stats = e.stats().unwrap();
         assert!(stats.last_lsn > last_lsn, "round {round}");
-        last_lsn = stats.last_lsn;
+        // Closing (or dropping the last handle) writes the shutdown marker: one record more.
+        last_lsn = stats.last_lsn + 1;
         match round % 3 {
             0 => e.close().unwrap(),
             1 => drop(e),

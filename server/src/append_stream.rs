@@ -61,19 +61,24 @@ pub fn serve(
     Box::pin(futures_util::stream::unfold(Some(call), next_answer))
 }
 
-/// Queues one request; its answer (success or failure) is the returned future's output.
-fn queue(engine: &Engine, r: pb::AppendRequest) -> Pending {
-    let queued = (|| {
-        let req = engine::Append {
+/// Queues one request (awaiting room in the writer's queue, never blocking); its answer
+/// (success or failure) is the returned future's output.
+async fn queue(engine: &Engine, r: pb::AppendRequest) -> Pending {
+    let req = (|| {
+        Ok::<_, Status>(engine::Append {
             session: convert::required_str("session", r.session)?,
             stream: convert::required_id("stream", r.stream)?,
             expected_next_seq: r.expected_next_seq,
             events: convert::new_events(r.events)?,
-        };
-        engine
-            .queue_append(req)
-            .map_err(|err| status::from_engine(&err))
+        })
     })();
+    let queued = match req {
+        Ok(req) => engine
+            .queue_append(req)
+            .await
+            .map_err(|err| status::from_engine(&err)),
+        Err(status) => Err(status),
+    };
     let result = |r| pb::AppendResult { result: Some(r) };
     match queued {
         Err(status) => {
@@ -123,7 +128,7 @@ async fn next_answer(
             }
             next = call.requests.message(), if can_read => match next {
                 Ok(Some(r)) => {
-                    let pending = queue(&call.engine, r);
+                    let pending = queue(&call.engine, r).await;
                     call.in_flight.push_back(pending);
                 }
                 Ok(None) => call.input_done = true,

@@ -537,31 +537,65 @@ impl Reader {
                 Err(status) => return self.send(Err(status)).await,
             };
             loop {
-                let next = tokio::select! {
-                    () = self.tx.closed() => return Err(Stop::ClientGone),
-                    () = shutting_down(&mut self.shutdown) => {
-                        // Best effort: a client that is not reading does not delay the shutdown.
-                        let _ = self.tx.try_send(Err(Status::unavailable("server is shutting down")));
-                        return Ok(());
+                // Catch up off the async workers: the read runs on the blocking pool.
+                let max = self.batch_events_max;
+                let polled = tokio::task::spawn_blocking(move || {
+                    let batch = follower.poll(max);
+                    (follower, batch)
+                })
+                .await;
+                let batch = match polled {
+                    Ok((f, batch)) => {
+                        follower = f;
+                        batch
                     }
-                    next = follower.next_batch(self.batch_events_max) => next,
+                    Err(join) => {
+                        tracing::error!(error = %join, "follower read panicked");
+                        return self
+                            .send(Err(Status::internal(
+                                "follower read panicked; the server log has the details",
+                            )))
+                            .await;
+                    }
                 };
-                match next {
-                    Ok(Some(events)) => {
+                match batch {
+                    Ok(Some(events)) if !events.is_empty() => {
                         if let Some(last) = events.last() {
                             after = last.seq;
                         }
                         self.send_events(epoch, events).await?;
+                        continue;
                     }
+                    Ok(Some(_)) => {}
                     Ok(None) => return self.send_end(epoch, stream, after).await,
                     Err(engine::Error::Evicted { watermark, .. }) if resume_own => {
                         after = self.skip_gap(epoch, stream, after, watermark).await?;
                         continue 'deliver;
                     }
+                    Err(engine::Error::Closed) => return self.shut_down(),
                     Err(err) => return self.send(Err(status::from_engine(&err))).await,
+                }
+                // Nothing new: wait, at no cost, until a commit touches the stream.
+                tokio::select! {
+                    () = self.tx.closed() => return Err(Stop::ClientGone),
+                    () = shutting_down(&mut self.shutdown) => return self.shut_down(),
+                    changed = follower.changed() => {
+                        if changed.is_err() {
+                            return self.shut_down();
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// The server (or the engine) is shutting down: tell the client, best effort (a client
+    /// that is not reading does not delay the shutdown).
+    fn shut_down(&self) -> Result<(), Stop> {
+        let _ = self
+            .tx
+            .try_send(Err(Status::unavailable("server is shutting down")));
+        Ok(())
     }
 
     /// Events `after + 1 .. watermark` were evicted: says so with a `gap`, except that a

@@ -1,6 +1,12 @@
 //! `FaultyFs`: an in-memory file system that keeps, per file, the bytes *written* and the
 //! bytes made *durable* by fsync, and injects crashes, torn writes, I/O errors, ENOSPC and
 //! bit flips. Deterministic from a seed.
+//!
+//! A power loss keeps each file's durable bytes and, of the bytes written since its last
+//! sync, either a random strict prefix ([`Tear::Prefix`]) or a random subset of its 4 KiB
+//! sectors ([`Tear::Sectors`]: a multi-page write whose later sectors reached the disk and
+//! earlier ones did not, as XFS or NVMe out-of-order completion can leave it). Sealed
+//! segments are "mapped" as in-memory copies, so reads take the same path as production.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -23,12 +29,29 @@ pub enum Fault {
     NoSpace,
 }
 
+/// How a power loss tears the bytes written since a file's last sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tear {
+    /// A random strict prefix survives.
+    #[default]
+    Prefix,
+    /// Each 4 KiB sector survives or not, independently; lost ones read as zeros, and the
+    /// file's length is either its synced or its written length.
+    Sectors,
+}
+
+/// The sector size [`Tear::Sectors`] tears at.
+pub const SECTOR_BYTES: usize = 4096;
+
 #[derive(Debug, Clone, Default)]
 struct Image {
     written: Vec<u8>,
     durable: Vec<u8>,
     linked: bool,
     durable_linked: bool,
+    /// After a rename over this name and before the directory is synced: the durable
+    /// content of the file the name pointed to before, which a crash brings back.
+    shadow: Option<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -39,6 +62,11 @@ struct State {
     faults: BTreeMap<u64, Fault>,
     no_space: bool,
     dead: bool,
+    tear: Tear,
+    /// Incremented by every power loss: the simulated machine's boot id.
+    boot: u64,
+    /// Bytes the simulated disk holds (`None`: unlimited); writes beyond fail with ENOSPC.
+    capacity: Option<u64>,
 }
 
 impl State {
@@ -72,39 +100,90 @@ impl State {
         Ok(fault)
     }
 
-    /// Power loss: each file keeps its durable bytes plus, when `torn`, a random strict
-    /// prefix of its unsynced bytes; files whose creation was never made durable vanish.
+    /// Bytes held by linked files.
+    fn used(&self) -> u64 {
+        self.files
+            .values()
+            .filter(|i| i.linked)
+            .map(|i| i.written.len() as u64)
+            .sum()
+    }
+
+    /// Power loss: each file keeps its durable bytes plus, when `torn`, part of its unsynced
+    /// bytes (per the [`Tear`] mode); files whose creation was never made durable vanish.
     fn power_loss(&mut self, torn: bool) {
         let paths: Vec<PathBuf> = self.files.keys().cloned().collect();
         for path in paths {
-            let keep = {
-                let Some(img) = self.files.get(&path) else {
-                    continue;
-                };
-                let durable = img.durable.len() as u64;
-                let unsynced = (img.written.len() as u64).saturating_sub(durable);
-                (durable, unsynced, img.durable_linked)
+            let Some(img) = self.files.get(&path).cloned() else {
+                continue;
             };
-            let (durable, unsynced, linked) = keep;
-            if !linked {
+            if !img.durable_linked {
                 self.files.remove(&path);
                 continue;
             }
-            let extra = if torn { self.below(unsynced) } else { 0 };
-            if let Some(img) = self.files.get_mut(&path) {
-                let mut bytes = img.durable.clone();
-                let end = usize::try_from(durable + extra)
-                    .unwrap_or(usize::MAX)
-                    .min(img.written.len());
-                if let Some(tail) = img.written.get(bytes.len()..end) {
-                    bytes.extend_from_slice(tail);
+            let bytes = if let Some(old) = img.shadow.clone() {
+                old
+            } else if torn {
+                match self.tear {
+                    Tear::Prefix => self.prefix_tear(&img),
+                    Tear::Sectors => self.sector_tear(&img),
                 }
+            } else {
+                img.durable.clone()
+            };
+            if let Some(img) = self.files.get_mut(&path) {
                 img.written = bytes.clone();
                 img.durable = bytes;
                 img.linked = true;
+                img.shadow = None;
             }
         }
+        self.boot += 1;
         self.dead = true;
+    }
+
+    /// The durable bytes and a random strict prefix of the unsynced ones.
+    fn prefix_tear(&mut self, img: &Image) -> Vec<u8> {
+        let durable = img.durable.len();
+        let unsynced = img.written.len().saturating_sub(durable) as u64;
+        let extra = usize::try_from(self.below(unsynced)).unwrap_or(0);
+        let mut bytes = img.durable.clone();
+        if let Some(tail) = img.written.get(durable..durable + extra) {
+            bytes.extend_from_slice(tail);
+        }
+        bytes
+    }
+
+    /// The durable bytes, and each unsynced 4 KiB sector or zeros, at the synced or the
+    /// written length; at least one unsynced sector is lost (like the prefix mode's strict
+    /// prefix: a crash in the middle of a write never completes it).
+    fn sector_tear(&mut self, img: &Image) -> Vec<u8> {
+        let durable = img.durable.len();
+        let written = img.written.len();
+        let len = if self.below(2) == 0 { durable } else { written };
+        let mut bytes = img.durable.clone();
+        bytes.resize(len.max(durable), 0);
+        let first = durable - durable % SECTOR_BYTES;
+        let sectors: Vec<usize> = (first..len).step_by(SECTOR_BYTES).collect();
+        let mut kept: Vec<bool> = sectors.iter().map(|_| self.below(2) == 1).collect();
+        if !kept.is_empty() && kept.iter().all(|k| *k) {
+            let lose = usize::try_from(self.below(kept.len() as u64)).unwrap_or(0);
+            if let Some(k) = kept.get_mut(lose) {
+                *k = false;
+            }
+        }
+        for (start, keep) in sectors.into_iter().zip(kept) {
+            let end = (start + SECTOR_BYTES).min(len);
+            let from = start.max(durable);
+            if keep {
+                if let (Some(dst), Some(src)) =
+                    (bytes.get_mut(from..end), img.written.get(from..end))
+                {
+                    dst.copy_from_slice(src);
+                }
+            }
+        }
+        bytes
     }
 }
 
@@ -137,6 +216,9 @@ impl FaultyFs {
                 faults: BTreeMap::new(),
                 no_space: false,
                 dead: false,
+                tear: Tear::default(),
+                boot: 0,
+                capacity: None,
             })),
         }
     }
@@ -164,8 +246,20 @@ impl FaultyFs {
         s.no_space = false;
     }
 
-    /// Power loss now. With `torn`, each file keeps a random prefix of its unsynced bytes.
-    /// The file system is dead (every operation fails) until [`FaultyFs::revive`].
+    /// How later power losses tear unsynced bytes.
+    pub fn set_tear(&self, tear: Tear) {
+        self.lock().tear = tear;
+    }
+
+    /// Limits the disk to `bytes` (`None`: unlimited): writes that would grow the files
+    /// beyond it fail with ENOSPC, and [`FileSystem::available_bytes`] reports the rest.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.lock().capacity = bytes;
+    }
+
+    /// Power loss now. With `torn`, each file keeps part of its unsynced bytes (see
+    /// [`FaultyFs::set_tear`]). The machine "reboots": its boot id changes. The file system
+    /// is dead (every operation fails) until [`FaultyFs::revive`].
     pub fn crash(&self, torn: bool) {
         self.lock().power_loss(torn);
     }
@@ -228,6 +322,16 @@ impl SegmentFile for FaultyFile {
             Some(Fault::Eio) => return Err(eio()),
             Some(Fault::NoSpace) => return Err(no_space()),
             _ => {}
+        }
+        if let Some(capacity) = s.capacity {
+            let current = s
+                .files
+                .get(&self.path)
+                .map_or(0, |i| i.written.len() as u64);
+            let growth = (offset + buf.len() as u64).saturating_sub(current);
+            if s.used() + growth > capacity {
+                return Err(no_space());
+            }
         }
         let img = s
             .files
@@ -296,7 +400,15 @@ impl SegmentFile for FaultyFile {
     }
 
     fn map(&self) -> io::Result<Option<SegmentMap>> {
-        Ok(None)
+        let s = self.fs.lock();
+        if s.dead {
+            return Err(dead());
+        }
+        let img = s
+            .files
+            .get(&self.path)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(Some(SegmentMap::in_memory(img.written.clone())))
     }
 }
 
@@ -332,6 +444,21 @@ impl FileSystem for FaultyFs {
         }))
     }
 
+    fn boot_id(&self) -> Option<[u8; crate::format::BOOT_ID_BYTES]> {
+        let mut id = [0xb0u8; crate::format::BOOT_ID_BYTES];
+        id[..8].copy_from_slice(&self.lock().boot.to_le_bytes());
+        Some(id)
+    }
+
+    fn available_bytes(&self, _dir: &Path) -> io::Result<u64> {
+        let s = self.lock();
+        if s.dead {
+            return Err(dead());
+        }
+        Ok(s.capacity
+            .map_or(u64::MAX / 2, |c| c.saturating_sub(s.used())))
+    }
+
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         let s = self.lock();
         if s.dead {
@@ -362,6 +489,30 @@ impl FileSystem for FaultyFs {
         }
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut s = self.lock();
+        if s.dead {
+            return Err(dead());
+        }
+        let Some(src) = s.files.get_mut(from).filter(|i| i.linked) else {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        };
+        // Both names keep their durable state until the directory is synced: a crash before
+        // that finds the directory as it was.
+        src.linked = false;
+        let (written, durable) = (src.written.clone(), src.durable.clone());
+        let target = s.files.entry(to.to_path_buf()).or_default();
+        let shadow = target.durable_linked.then(|| target.durable.clone());
+        *target = Image {
+            written,
+            durable,
+            linked: true,
+            durable_linked: shadow.is_some(),
+            shadow,
+        };
+        Ok(())
+    }
+
     fn list(&self, dir: &Path) -> io::Result<Vec<(String, PathBuf)>> {
         let s = self.lock();
         if s.dead {
@@ -383,6 +534,7 @@ impl FileSystem for FaultyFs {
         for (p, i) in &mut s.files {
             if p.parent() == Some(dir) {
                 i.durable_linked = i.linked;
+                i.shadow = None;
             }
         }
         Ok(())

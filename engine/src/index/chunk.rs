@@ -3,6 +3,7 @@
 //! instead of one sled key per run. Readers see the chunks expanded into one entry per run
 //! start (the version 1 form) through [`Stored`]. Layout in FORMAT.md, "Run-start chunks".
 
+use super::StoreResult;
 use super::{event_key, prefix, prefix_end};
 use crate::error::{Error, Result};
 use crate::log::Position;
@@ -36,7 +37,7 @@ pub(super) fn chunk_key(stream: u64, chunk: u64) -> [u8; 17] {
 pub(super) type ChunkEntries = Vec<(u64, [u8; Position::BYTES])>;
 
 pub(super) fn chunk_error(key: &[u8], why: &str) -> Error {
-    Error::Index(sled::Error::Unsupported(format!(
+    Error::Index(crate::error::IndexError::msg(format!(
         "malformed run-start chunk {key:?}: {why}; delete the index directory to rebuild it"
     )))
 }
@@ -152,7 +153,7 @@ impl Stored {
             } else {
                 self.iter.next()
             };
-            let Some((k, v)) = item.transpose()? else {
+            let Some((k, v)) = item.transpose().store()? else {
                 return Ok(None);
             };
             match split_event_key(&k) {

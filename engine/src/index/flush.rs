@@ -14,12 +14,24 @@ impl Index {
         let Some((frozen, lsn)) = self.freeze() else {
             return Ok(());
         };
+        let mut counts = *self
+            .stored_counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        counts.add(frozen.counts);
         let applied = self
-            .batch_of(&frozen, lsn)
-            .and_then(|batch| Ok(self.tree.apply_batch(batch)?));
+            .batch_of(&frozen, lsn, counts)
+            .and_then(|batch| self.tree.apply_batch(batch).store());
         match applied {
             Ok(()) => {
-                self.mem_mut().flushing = None;
+                // The stored counts change with the layer that leaves the memtable, under
+                // the memtable's lock: readers never see the layer's changes twice or not at all.
+                let mut mem = self.mem_mut();
+                *self
+                    .stored_counts
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = counts;
+                mem.flushing = None;
                 Ok(())
             }
             Err(e) => {
@@ -55,7 +67,7 @@ impl Index {
     /// chunks (read from sled, changed, written once per flush), raised heads into their
     /// streams' values, other keys are copied. Only the flush (one at a time) writes sled,
     /// so the chunks and streams read here are current.
-    fn batch_of(&self, frozen: &Layer, lsn: u64) -> Result<sled::Batch> {
+    fn batch_of(&self, frozen: &Layer, lsn: u64, counts: Counts) -> Result<sled::Batch> {
         let mut batch = sled::Batch::default();
         for (k, v) in &frozen.kv {
             if split_event_key(k).is_some() {
@@ -74,7 +86,7 @@ impl Index {
                 continue;
             }
             // Raised in this layer over the value sled holds.
-            if let Some(v) = self.tree.get(key)? {
+            if let Some(v) = self.tree.get(key).store()? {
                 batch.insert(&key, raise_head(&key, &v, head)?);
             }
         }
@@ -83,7 +95,7 @@ impl Index {
             while let Some(&(seq, v)) = changes.next() {
                 let chunk = seq >> CHUNK_BITS;
                 let key = chunk_key(stream, chunk);
-                let mut entries = match self.tree.get(key)? {
+                let mut entries = match self.tree.get(key).store()? {
                     Some(stored) => decode_chunk(&key, &stored)?,
                     None => ChunkEntries::new(),
                 };
@@ -100,6 +112,7 @@ impl Index {
             }
         }
         batch.insert(APPLIED_LSN, &lsn.to_le_bytes());
+        batch.insert(COUNTS, &counts.encode());
         batch.insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes());
         Ok(batch)
     }

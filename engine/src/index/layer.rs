@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::chunk::split_event_key;
 use super::idhash::IdHashing;
-use super::{event_key, prefix, stream_key};
+use super::{event_key, prefix, stream_key, Counts};
 use crate::log::Position;
 
 /// Pending writes over an ordered byte key space; `None` is a deletion.
@@ -234,6 +234,8 @@ pub(super) struct Layer<R = StreamRuns> {
     /// Some `E` key went into `kv` with a value that is not a position (see [`Layer::put`]):
     /// run starts written later must replace it there too.
     malformed_runs: bool,
+    /// How the layer changes the counts of sessions and streams.
+    pub(super) counts: Counts,
 }
 
 /// The stream id of an `S` key.
@@ -308,6 +310,7 @@ impl<R: Runs> Layer<R> {
             .runs
             .drain(&mut |stream, seq, v| self.put_run(stream, seq, v));
         self.heads.extend(newer.heads);
+        self.counts.add(newer.counts);
     }
 
     /// Adds the byte entries in `start..end` (all of `kv` and `runs`; heads not applied) to

@@ -117,7 +117,7 @@ proptest! {
         ),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let index = Index::open(dir.path()).unwrap();
+        let index = Index::open(dir.path(), 8 << 20).unwrap();
         let mut committed = Model::new();
         let mut pending = committed.clone();
         let mut txn = Txn::new(&index);
@@ -166,7 +166,7 @@ proptest! {
 #[test]
 fn a_run_start_replaces_a_malformed_one_before_the_flush() {
     let dir = tempfile::tempdir().unwrap();
-    let index = Index::open(dir.path()).unwrap();
+    let index = Index::open(dir.path(), 8 << 20).unwrap();
     let mut txn = Txn::new(&index);
     txn.put_raw(event_key(1, 5).to_vec(), vec![1, 2, 3]);
     txn.put_position(1, 5, pos(5, 9));
@@ -191,3 +191,97 @@ fn a_run_start_replaces_a_malformed_one_before_the_flush() {
         Some(pos(5, 3).encode().to_vec())
     );
 }
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Every index key and value, byte for byte (FORMAT.md "Index key schema"): a change here
+/// is an index schema change, which bumps `INDEX_VERSION_VALUE` (the index is rebuilt).
+#[test]
+fn index_keys_and_values_golden_bytes() {
+    let session = StoredSession {
+        meta: SessionMeta {
+            id: "s".into(),
+            epoch: 2,
+            opened_at_ms: 1,
+            expired_at_ms: Some(9),
+        },
+        origin_lsn: 5,
+    };
+    let stream = StoredStream {
+        meta: StreamMeta {
+            id: 7,
+            session: "s".into(),
+            epoch: 2,
+            state: crate::StreamState::Aborted,
+            head: 4,
+            watermark: 2,
+            correlation: Some("r".into()),
+            opened_at_ms: 1,
+            ended_at_ms: Some(5),
+            end_reason: Some("x".into()),
+            has_terminal_frame: false,
+            lease_ms: None,
+        },
+        origin_lsn: 6,
+    };
+    let pos = Position {
+        segment: 1,
+        offset: 64,
+        len: 40,
+    };
+    let counts = Counts {
+        sessions: 3,
+        live_sessions: 2,
+        streams: 5,
+        open_streams: 1,
+    };
+    let got = [
+        ("N", hex(&session_key("s")), hex(&encode_value(&session))),
+        ("S", hex(&stream_key(7)), hex(&encode_value(&stream))),
+        (
+            "E",
+            hex(&chunk_key(7, 1)),
+            hex(&encode_chunk(&vec![(65, pos.encode())])),
+        ),
+        ("G", hex(&session_state_key("s")), String::new()),
+        ("O", hex(&outcome_key("s", "r")), hex(&7u64.to_le_bytes())),
+        ("L", hex(&open_stream_key("s", 7)), String::new()),
+        (
+            "R",
+            hex(&origin_key(6, ORIGIN_STREAM, &7u64.to_be_bytes())),
+            String::new(),
+        ),
+        (
+            "T",
+            hex(&ended_key(5, ORIGIN_STREAM, &7u64.to_be_bytes())),
+            String::new(),
+        ),
+        ("F", hex(&terminal_frame_key(7)), String::new()),
+        ("M", hex(COUNTS), hex(&counts.encode())),
+    ];
+    if std::env::var_os("CURSORLOG_PRINT_GOLDEN").is_some() {
+        for (p, k, v) in &got {
+            println!("(\"{p}\", \"{k}\", \"{v}\"),");
+        }
+    }
+    let want: Vec<(&str, String, String)> = GOLDEN_INDEX
+        .iter()
+        .map(|(p, k, v)| (*p, (*k).to_owned(), (*v).to_owned()))
+        .collect();
+    assert_eq!(got.to_vec(), want);
+}
+
+const GOLDEN_INDEX: [(&str, &str, &str); 10] = [
+    ("N", "4e73", "010000000000000073020000000000000001000000000000000109000000000000000500000000000000"),
+    ("S", "530000000000000007", "0700000000000000010000000000000073020000000000000002000000040000000000000002000000000000000101000000000000007201000000000000000105000000000000000101000000000000007800000600000000000000"),
+    ("E", "4500000000000000070000000000000001", "010100000000000000400000000000000028000000"),
+    ("G", "4773", ""),
+    ("O", "4f00017372", "0700000000000000"),
+    ("L", "4c0001730000000000000007", ""),
+    ("R", "520000000000000006530000000000000007", ""),
+    ("T", "540000000000000005530000000000000007", ""),
+    ("F", "460000000000000007", ""),
+    ("M", "4d636f756e7473", "0300000000000000020000000000000005000000000000000100000000000000"),
+];

@@ -22,6 +22,8 @@ pub(crate) struct Txn<'a> {
     /// Streams whose head was raised (repeats allowed): those not in `dirty_streams` are
     /// taken as raised heads, without encoding the stream (see [`Layer::heads`]).
     raised_heads: Vec<u64>,
+    /// How the pending writes change the counts.
+    counts: Counts,
 }
 
 impl<'a> Txn<'a> {
@@ -39,6 +41,7 @@ impl<'a> Txn<'a> {
             streams: RefCell::new(streams),
             dirty_streams: HashSet::default(),
             raised_heads: Vec::new(),
+            counts: Counts::default(),
         }
     }
 
@@ -82,6 +85,11 @@ impl<'a> Txn<'a> {
             self.streams.get_mut().remove(&id);
             self.dirty_streams.remove(&id);
         }
+    }
+
+    /// Records a change of the session and stream counts.
+    pub(crate) fn count(&mut self, d: Counts) {
+        self.counts.add(d);
     }
 
     pub(crate) fn put_session(&mut self, s: &StoredSession) {
@@ -142,6 +150,7 @@ impl<'a> Txn<'a> {
                 self.writes.heads.insert(id, s.meta.head);
             }
         }
+        self.writes.counts = self.counts;
         (self.writes, streams)
     }
 }

@@ -85,14 +85,69 @@ fn sample_records() -> Vec<Record> {
             state: b"{\"protocolVersion\":\"2025-11-25\"}".to_vec(),
             at_ms: 13,
         }),
+        Record::Shutdown { at_ms: 14 },
     ]
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Every record type's body, byte for byte (FORMAT.md "Record bodies"): a change here is a
+/// format change, which bumps the version and keeps the old decoders.
+#[test]
+fn record_bodies_golden_bytes() {
+    let got: Vec<(u8, String)> = sample_records()
+        .iter()
+        .map(|r| {
+            let mut body = Vec::new();
+            r.encode_body(&mut body).unwrap();
+            (r.tag(), hex(&body))
+        })
+        .collect();
+    if std::env::var_os("CURSORLOG_PRINT_GOLDEN").is_some() {
+        for (tag, h) in &got {
+            println!("({tag}, \"{h}\"),");
+        }
+    }
+    let want: &[(u8, &str)] = &GOLDEN_BODIES;
+    let want: Vec<(u8, String)> = want.iter().map(|(t, h)| (*t, (*h).to_owned())).collect();
+    assert_eq!(got, want);
+}
+
+const GOLDEN_BODIES: [(u8, &str); 13] = [
+    (1, "01000000000000007301000000000000000500000000000000"),
+    (2, "01000000000000007302000000000000000600000000000000"),
+    (3, "0100000000000000730700000000000000"),
+    (4, "0700000000000000010000000000000073020000000000000001010000000000000072000800000000000000"),
+    (5, "070000000000000003000000000000006300000000000000080000000000000070726f67726573730105000000000000007265712d31050000000000000068656c6c6f"),
+    (6, "070000000000000001000000040000000000000009000000000000000001070000000000000003000000000000006300000000000000080000000000000070726f67726573730105000000000000007265712d31050000000000000068656c6c6f"),
+    (7, "070000000000000003000000000000000a00000000000000"),
+    (8, "0100000000000000730200000000000000010000000000000000"),
+    (9, "070000000000000001000000000000007302000000000000000100000004000000000000000200000000000000000100000000000000010500000000000000000101640000000000000001070000000000000003000000000000006300000000000000080000000000000070726f67726573730105000000000000007265712d31050000000000000068656c6c6f"),
+    (10, "070000000000000000000000000000000b00000000000000"),
+    (11, "0100000000000000730c00000000000000"),
+    (12, "01000000000000007320000000000000007b2270726f746f636f6c56657273696f6e223a22323032352d31312d3235227d0d00000000000000"),
+    (13, "0e00000000000000"),
+];
+
+/// A whole frame, header included (FORMAT.md "Record frame").
+#[test]
+fn frame_golden_bytes() {
+    let mut buf = Vec::new();
+    encode_frame(&Record::Shutdown { at_ms: 14 }, 0x0102, 3, 0x40, &mut buf).unwrap();
+    // body_len 8, crc, lsn 0x0102, synced_through 0x40, group_left 3, type 13, reserved, body.
+    assert_eq!(
+        hex(&buf),
+        "08000000f2ed19ab02010000000000004000000000000000030000000d0000000e00000000000000"
+    );
 }
 
 #[test]
 fn every_record_type_round_trips() {
     for (i, r) in sample_records().into_iter().enumerate() {
         let mut buf = Vec::new();
-        let n = encode_frame(&r, 100 + i as u64, 1, &mut buf).unwrap();
+        let n = encode_frame(&r, 100 + i as u64, 1, 64, &mut buf).unwrap();
         assert_eq!(n as usize, buf.len());
         let f = decode_frame(&buf).unwrap();
         assert_eq!(f.record, r);
@@ -104,7 +159,7 @@ fn every_record_type_round_trips() {
 #[test]
 fn every_bit_flip_is_detected() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[4], 1, 0, &mut buf).unwrap();
+    encode_frame(&sample_records()[4], 1, 0, 64, &mut buf).unwrap();
     for byte in 0..buf.len() {
         for bit in 0..8 {
             let mut bad = buf.clone();
@@ -120,7 +175,7 @@ fn every_bit_flip_is_detected() {
 #[test]
 fn every_truncation_is_truncated() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[5], 1, 0, &mut buf).unwrap();
+    encode_frame(&sample_records()[5], 1, 0, 64, &mut buf).unwrap();
     for len in 0..buf.len() {
         assert_eq!(
             decode_frame(&buf[..len]),
@@ -134,7 +189,7 @@ fn every_truncation_is_truncated() {
 fn contiguous_crc_is_the_frame_crc() {
     for r in sample_records() {
         let mut buf = Vec::new();
-        encode_frame(&r, 9, 0, &mut buf).unwrap();
+        encode_frame(&r, 9, 0, 64, &mut buf).unwrap();
         let raw: &[u8; FRAME_HEADER_BYTES] = buf[..FRAME_HEADER_BYTES].try_into().unwrap();
         assert_eq!(
             crate::format::frame_crc_contiguous(&buf),
@@ -158,12 +213,13 @@ fn zeroes_are_not_a_frame() {
 #[test]
 fn unknown_type_with_good_crc_is_bad_body() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[0], 1, 0, &mut buf).unwrap();
+    encode_frame(&sample_records()[0], 1, 0, 64, &mut buf).unwrap();
     let body = buf[FRAME_HEADER_BYTES..].to_vec();
     let h = FrameHeader {
         body_len: body.len() as u32,
         crc: 0,
         lsn: 1,
+        synced_through: 64,
         group_left: 0,
         record_type: 200,
     };
@@ -183,7 +239,7 @@ proptest! {
         tag in 0u8..12,
         body in proptest::collection::vec(any::<u8>(), 0..256),
     ) {
-        let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, group_left: 0, record_type: tag };
+        let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, synced_through: 64, group_left: 0, record_type: tag };
         let mut buf = h.write(&body).to_vec();
         buf.extend_from_slice(&body);
         let _ = decode_frame(&buf);
@@ -250,7 +306,7 @@ proptest! {
     ) {
         let r = Record::Event(EventBody { stream, seq, at_ms, kind, correlation, payload });
         let mut buf = Vec::new();
-        encode_frame(&r, 5, 0, &mut buf).unwrap();
+        encode_frame(&r, 5, 0, 64, &mut buf).unwrap();
         prop_assert_eq!(decode_frame(&buf).unwrap().record, r);
     }
 }

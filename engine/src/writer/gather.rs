@@ -16,8 +16,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use super::{Command, Request};
 use crate::index::IdHashing;
+use crate::mailbox::{Command, Request};
 
 /// Longest a group waits for producers to come back.
 pub(super) const GATHER_WAIT_MAX: Duration = Duration::from_millis(1);
@@ -62,11 +62,10 @@ impl Producers {
         }
         std::mem::swap(&mut self.last, &mut self.before);
         self.last.clear();
-        self.last
-            .extend(batch.iter().filter_map(|(cmd, _)| match cmd {
-                Command::Append(a) => Some(a.stream),
-                _ => None,
-            }));
+        self.last.extend(batch.iter().filter_map(|r| match &r.cmd {
+            Command::Append(a) => Some(a.stream),
+            _ => None,
+        }));
     }
 }
 
@@ -142,15 +141,16 @@ mod tests {
             .iter()
             .map(|s| {
                 let (tx, _) = tokio::sync::oneshot::channel();
-                (
-                    Command::Append(crate::Append {
+                Request {
+                    cmd: Command::Append(crate::Append {
                         session: "s".into(),
                         stream: *s,
                         expected_next_seq: None,
                         events: Vec::new(),
                     }),
-                    super::super::ReplyTo::Async(tx),
-                )
+                    reply: crate::mailbox::ReplyTo::Async(tx),
+                    bytes: 0,
+                }
             })
             .collect()
     }

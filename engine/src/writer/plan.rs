@@ -2,14 +2,18 @@
 //! what earlier requests of the same group commit changed) and turns it into records.
 //! Terminal tombstones are enforced here: nothing is appended to a terminated stream.
 
-use super::{duration_ms, now_ms, Command, Reply, Writer};
+use super::Writer;
 use crate::api::{
     Append, Appended, EpochAdvanced, NewEvent, SessionExpired, SessionInfo, StreamInfo, Terminated,
 };
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::format::FRAME_HEADER_BYTES;
-use crate::index::{parse_origin_key, KvRead, Txn, ORIGIN_SESSION, ORIGIN_STREAM};
+use crate::index::{
+    ended_key, origin_key, parse_ended_key, parse_origin_key, KvRead, Txn, ORIGIN_SESSION,
+    ORIGIN_STREAM,
+};
+use crate::mailbox::{Command, Reply};
 use crate::record::{
     check_frame, decode_event_view, EventBody, EventView, Record, SessionStateBody, StreamOpened,
     StreamSnapshot, Terminal,
@@ -25,7 +29,17 @@ impl Writer {
         txn: &mut Txn<'_>,
         buf: &mut Vec<u8>,
     ) -> Result<Reply> {
-        let now = now_ms();
+        let now = self.shared.now_ms();
+        if cmd_needs_space(&cmd) && self.shared.low_disk.load(Ordering::Acquire) {
+            self.shared
+                .counters
+                .appends_refused_low_disk
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Error::DiskFull {
+                free_bytes: self.shared.counters.disk_free_bytes.load(Ordering::Acquire),
+                reserve_bytes: self.shared.config.disk_reserve_bytes,
+            });
+        }
         match cmd {
             Command::Sync => Ok(Reply::Done),
             Command::OpenSession { session, state } => match txn.stored_session(&session)? {
@@ -97,9 +111,13 @@ impl Writer {
                 self.emit(records, txn, buf)?;
                 Ok(Reply::Epoch(EpochAdvanced { epoch, superseded }))
             }
-            Command::ExpireSession(session) => {
+            Command::ExpireSession { session, idle_ms } => {
                 live_session(txn, &session)?;
                 let aborted = txn.open_streams(&session)?;
+                let reason = match idle_ms {
+                    Some(ms) => format!("session expired after {} s idle", ms / 1000),
+                    None => "session expired".to_owned(),
+                };
                 let mut records = vec![Record::SessionExpired {
                     session,
                     at_ms: now,
@@ -109,12 +127,18 @@ impl Writer {
                         txn,
                         *stream,
                         StreamState::Aborted,
-                        Some("session expired".into()),
+                        Some(reason.clone()),
                         None,
                         now,
                     )?);
                 }
                 self.emit(records, txn, buf)?;
+                if idle_ms.is_some() {
+                    self.shared
+                        .counters
+                        .sessions_expired_idle
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(Reply::Expired(SessionExpired { aborted }))
             }
             Command::OpenStream(req) => {
@@ -125,7 +149,17 @@ impl Writer {
                         current: s.epoch,
                     });
                 }
-                let stream = self.next_lsn;
+                // Bounds a session's open streams, and so the group that ends them all.
+                let limit = self.shared.config.open_streams_per_session_max;
+                let open = txn.open_streams(&req.session)?.len() as u64;
+                if open >= u64::from(limit) {
+                    return Err(Error::TooLarge {
+                        what: "open streams in the session",
+                        got: open + 1,
+                        limit: u64::from(limit),
+                    });
+                }
+                let stream = self.log.next_lsn;
                 let rec = Record::StreamOpened(StreamOpened {
                     stream,
                     session: req.session,
@@ -203,18 +237,36 @@ impl Writer {
                 )?;
                 Ok(Reply::Watermark(target))
             }
+            Command::CarryForward { below_lsn, limit } => {
+                let done = self.carry_forward(txn, buf, below_lsn, now, limit)?;
+                Ok(Reply::Count(done))
+            }
+            Command::Forget { limit } => {
+                let done = self.forget(txn, buf, now, limit)?;
+                Ok(Reply::Count(done))
+            }
             Command::Retire {
                 below_lsn,
                 bases,
                 streams,
             } => {
+                // Only once everything born below is carried forward (or forgotten): the
+                // carry-forward groups before this one must all have succeeded.
+                let left = self.shared.index.keys_in(
+                    &origin_key(0, 0, &[]),
+                    &origin_key(below_lsn, 0, &[]),
+                    1,
+                )?;
+                if !left.is_empty() || self.retiring.is_some() {
+                    return Err(Error::Internal(format!(
+                        "refusing to retire segments below lsn {below_lsn}: state born there \
+                         has not been carried forward"
+                    )));
+                }
                 for stream in streams {
                     crate::apply::drop_runs_in(txn, stream, &bases)?;
                 }
-                let records = self.carry_forward(txn, below_lsn, now)?;
-                if !records.is_empty() {
-                    self.emit(records, txn, buf)?;
-                }
+                self.retiring = Some(bases);
                 Ok(Reply::Done)
             }
         }
@@ -392,38 +444,53 @@ impl Writer {
         }))
     }
 
-    /// Snapshot records for state born below `below_lsn` that is still remembered, and
-    /// forget records for state past the metadata horizon.
-    fn carry_forward(&self, txn: &mut Txn<'_>, below_lsn: u64, now: u64) -> Result<Vec<Record>> {
-        let horizon = duration_ms(self.shared.config.retention.metadata_horizon);
-        let mut records = Vec::new();
-        for key in self.shared.index.origins_below(below_lsn)? {
+    /// Carries forward at most `limit` of the states born below `below_lsn`, each in a group
+    /// of its own: a snapshot of what is still remembered, a forget record for what is past
+    /// the metadata horizon. Returns how many it carried; 0 when none is left. Bounded, so a
+    /// retirement never writes one huge group, and needs little free space at a time.
+    fn carry_forward(
+        &mut self,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+        below_lsn: u64,
+        now: u64,
+        limit: usize,
+    ) -> Result<usize> {
+        let horizon = self.shared.horizon_ms();
+        let keys = self.shared.index.keys_in(
+            &origin_key(0, 0, &[]),
+            &origin_key(below_lsn, 0, &[]),
+            limit,
+        )?;
+        let mut done = 0;
+        for key in keys {
             let Some((_, kind, id)) = parse_origin_key(&key) else {
                 continue;
             };
-            match kind {
+            let records = match kind {
                 ORIGIN_SESSION => {
-                    let Ok(id) = std::str::from_utf8(id) else {
+                    let Some(id) = std::str::from_utf8(id).ok() else {
                         continue;
                     };
                     let Some(s) = txn.stored_session(id)? else {
                         continue;
                     };
                     if past_horizon(s.meta.expired_at_ms, now, horizon) {
-                        records.push(Record::SessionForgotten {
+                        vec![Record::SessionForgotten {
                             session: id.to_owned(),
                             at_ms: now,
-                        });
+                        }]
                     } else {
-                        records.push(Record::SessionSnapshot(s.meta));
+                        let mut r = vec![Record::SessionSnapshot(s.meta)];
                         // The state lives as long as the session: carried with it.
                         if let Some(state) = txn.session_state(id)? {
-                            records.push(Record::SessionState(SessionStateBody {
+                            r.push(Record::SessionState(SessionStateBody {
                                 session: id.to_owned(),
                                 state,
                                 at_ms: now,
                             }));
                         }
+                        r
                     }
                 }
                 ORIGIN_STREAM => {
@@ -437,23 +504,82 @@ impl Writer {
                     if past_horizon(m.ended_at_ms, now, horizon) {
                         // Forgetting is a record too: a rebuild from the log must forget it
                         // as well, whatever of the stream is left in retained segments.
-                        records.push(Record::StreamForgotten {
+                        vec![Record::StreamForgotten {
                             stream: id,
                             at_ms: now,
-                        });
+                        }]
                     } else {
                         let terminal_frame = txn.terminal_frame(id)?;
-                        records.push(Record::StreamSnapshot(StreamSnapshot {
+                        vec![Record::StreamSnapshot(StreamSnapshot {
                             meta: m,
                             terminal_frame,
-                        }));
+                        })]
                     }
                 }
-                _ => {}
-            }
+                _ => continue,
+            };
+            self.emit(records, txn, buf)?;
+            done += 1;
         }
-        Ok(records)
+        Ok(done)
     }
+
+    /// Forgets at most `limit` sessions and streams that ended more than the metadata
+    /// horizon ago (oldest first), each in a group of its own, wherever their records are:
+    /// index entries, memory and carried-forward state go. Returns how many it forgot.
+    fn forget(
+        &mut self,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+        now: u64,
+        limit: usize,
+    ) -> Result<usize> {
+        let horizon = self.shared.horizon_ms();
+        let Some(cutoff) = now.checked_sub(horizon) else {
+            return Ok(0);
+        };
+        let keys = self.shared.index.keys_in(
+            &ended_key(0, 0, &[]),
+            &ended_key(cutoff.saturating_add(1), 0, &[]),
+            limit,
+        )?;
+        let mut done = 0;
+        for key in keys {
+            let Some((_, kind, id)) = parse_ended_key(&key) else {
+                continue;
+            };
+            let record = match kind {
+                ORIGIN_SESSION => match std::str::from_utf8(id) {
+                    Ok(session) => Record::SessionForgotten {
+                        session: session.to_owned(),
+                        at_ms: now,
+                    },
+                    Err(_) => continue,
+                },
+                ORIGIN_STREAM => match id.try_into().ok().map(u64::from_be_bytes) {
+                    Some(stream) => Record::StreamForgotten { stream, at_ms: now },
+                    None => continue,
+                },
+                _ => continue,
+            };
+            self.emit(vec![record], txn, buf)?;
+            done += 1;
+        }
+        Ok(done)
+    }
+}
+
+/// True for the requests refused while free disk space is below the reserve: those that
+/// add data. Ending streams, trimming, retention and expiry go on (they free space).
+fn cmd_needs_space(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Append(_)
+            | Command::OpenSession { .. }
+            | Command::OpenStream(_)
+            | Command::SetSessionState { .. }
+            | Command::Terminate { frame: Some(_), .. }
+    )
 }
 
 /// The events one request of the current group appended: frames `first_seq..=last_seq` of
@@ -487,7 +613,8 @@ fn pending_event<'b>(
         let frame = buf
             .get(offset..)
             .ok_or_else(|| bug("run past the end".into()))?;
-        let len = crate::read::frame_len_in(frame).ok_or_else(|| bug("bad frame length".into()))?;
+        let len = crate::log::frames::frame_len_in(frame)
+            .ok_or_else(|| bug("bad frame length".into()))?;
         offset += usize::try_from(len).map_err(|e| bug(e.to_string()))?;
     }
     let frame = buf

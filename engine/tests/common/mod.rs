@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use cursorlog_engine::{Append, Appended, Config, Engine, NewEvent, OpenStream, SyncPolicy};
 
-/// Segment header bytes (FORMAT.md).
-pub const SEGMENT_HEADER_BYTES: u64 = 32;
-/// Frame header bytes (FORMAT.md).
-pub const FRAME_HEADER_BYTES: u64 = 24;
+/// Segment header bytes (FORMAT.md, version 2).
+pub const SEGMENT_HEADER_BYTES: u64 = 64;
+/// Frame header bytes (FORMAT.md, version 2).
+pub const FRAME_HEADER_BYTES: u64 = 32;
 /// Smallest allowed segment size; makes the log roll after a few dozen records.
 pub const SMALL_SEGMENT: u64 = 4096;
 
@@ -128,6 +128,8 @@ pub struct RawFrame {
     /// Header + body bytes.
     pub len: u64,
     pub lsn: u64,
+    /// The segment offset the writer says was synced when this frame was written.
+    pub synced_through: u64,
     pub group_left: u32,
     pub record_type: u8,
 }
@@ -160,8 +162,9 @@ pub fn frames(path: &Path) -> Vec<RawFrame> {
             offset: at as u64,
             len: FRAME_HEADER_BYTES + body_len,
             lsn: le_u64(&h[8..]),
-            group_left: le_u32(&h[16..]),
-            record_type: h[20],
+            synced_through: le_u64(&h[16..]),
+            group_left: le_u32(&h[24..]),
+            record_type: h[28],
         };
         assert!(
             f.end() as usize <= bytes.len(),
@@ -261,7 +264,7 @@ pub fn forge_next_frame(path: &Path) -> Option<Vec<u8>> {
     let bytes = fs::read(path).unwrap();
     let mut f = bytes[last.offset as usize..last.end() as usize].to_vec();
     f[8..16].copy_from_slice(&(last.lsn + 1).to_le_bytes());
-    f[16..20].copy_from_slice(&0u32.to_le_bytes());
+    f[24..28].copy_from_slice(&0u32.to_le_bytes());
     let mut h = crc32fast::Hasher::new();
     h.update(&f[8..]);
     f[4..8].copy_from_slice(&h.finalize().to_le_bytes());

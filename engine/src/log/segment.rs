@@ -1,33 +1,32 @@
 //! One segment file: create, append, sync, seal, read, truncate.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use crate::error::{Error, Result};
-use crate::format::{encode_segment_header, segment_name, SEGMENT_HEADER_BYTES};
+use crate::error::{CorruptionKind, Error, Result};
+use crate::format::{segment_name, SegmentHeader, SEGMENT_HEADER_BYTES};
 use crate::fs::{FileSystem, SegmentFile};
 
 /// A segment file named by the LSN of its first record.
 ///
 /// # Invariants
 /// Bytes below `len` are written frames; only the writer appends, and only to the active
-/// (unsealed) segment. Once sealed the file never changes and reads go through a map.
+/// (unsealed) segment. Once sealed the file never changes: reads go through its map and the
+/// segment holds no file descriptor (a simulated file system without maps keeps a
+/// read-only one).
 #[derive(Debug)]
 pub(crate) struct Segment {
     fs: Arc<dyn FileSystem>,
     path: PathBuf,
     base_lsn: u64,
-    file: Arc<dyn SegmentFile>,
-    /// Set when sealed on a file system without maps: reads use positional reads.
-    sealed_unmapped: AtomicBool,
+    /// The open file: read-write while active; dropped once sealed and mapped.
+    file: std::sync::RwLock<Option<Arc<dyn SegmentFile>>>,
     len: AtomicU64,
     /// The sealed file's map, shared with the events read from it (see [`crate::SegmentMap`]).
     map: OnceLock<Bytes>,
-    delete_on_drop: AtomicBool,
 }
 
 /// Fsyncs a directory so that creations, renames and deletions in it are durable.
@@ -37,27 +36,31 @@ pub(crate) fn sync_dir(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
 }
 
 impl Segment {
-    /// Creates a new, empty segment with its header, durably (file and directory synced).
-    pub(crate) fn create(fs: Arc<dyn FileSystem>, dir: &Path, base_lsn: u64) -> Result<Self> {
-        let path = dir.join(segment_name(base_lsn));
+    /// Creates a new, empty segment with `header`, durably (file and directory synced).
+    pub(crate) fn create(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        header: &SegmentHeader,
+    ) -> Result<Self> {
+        let path = dir.join(segment_name(header.base_lsn));
         let file = fs
             .create_new(&path)
             .map_err(Error::io(format!("creating segment {}", path.display())))?;
-        file.write_all_at(&encode_segment_header(base_lsn), 0)
+        file.write_all_at(&header.encode(), 0)
             .and_then(|()| file.sync_data())
             .map_err(Error::io(format!("writing header of {}", path.display())))?;
         sync_dir(fs.as_ref(), dir)?;
         Ok(Self::from_file(
             fs,
             path,
-            base_lsn,
-            file,
+            header.base_lsn,
+            Some(file),
             SEGMENT_HEADER_BYTES as u64,
         ))
     }
 
-    /// Opens an existing segment whose valid bytes end at `len`.
-    pub(crate) fn open(
+    /// Opens the active segment (read-write) whose valid bytes end at `len`.
+    pub(crate) fn open_active(
         fs: Arc<dyn FileSystem>,
         path: PathBuf,
         base_lsn: u64,
@@ -66,26 +69,47 @@ impl Segment {
         let file = fs
             .open(&path)
             .map_err(Error::io(format!("opening segment {}", path.display())))?;
-        Ok(Self::from_file(fs, path, base_lsn, file, len))
+        Ok(Self::from_file(fs, path, base_lsn, Some(file), len))
+    }
+
+    /// Opens a sealed segment read-only and maps it; the descriptor is closed once mapped.
+    pub(crate) fn open_sealed(
+        fs: Arc<dyn FileSystem>,
+        path: PathBuf,
+        base_lsn: u64,
+        len: u64,
+    ) -> Result<Self> {
+        let file = fs
+            .open_read_only(&path)
+            .map_err(Error::io(format!("opening segment {}", path.display())))?;
+        let seg = Self::from_file(fs, path, base_lsn, Some(file), len);
+        seg.map_and_close()?;
+        Ok(seg)
     }
 
     fn from_file(
         fs: Arc<dyn FileSystem>,
         path: PathBuf,
         base_lsn: u64,
-        file: Arc<dyn SegmentFile>,
+        file: Option<Arc<dyn SegmentFile>>,
         len: u64,
     ) -> Self {
         Self {
             fs,
-            sealed_unmapped: AtomicBool::new(false),
             path,
             base_lsn,
-            file,
+            file: std::sync::RwLock::new(file),
             len: AtomicU64::new(len),
             map: OnceLock::new(),
-            delete_on_drop: AtomicBool::new(false),
         }
+    }
+
+    fn file(&self) -> Result<Arc<dyn SegmentFile>> {
+        self.file
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| Error::Internal(format!("{} has no open file", self.path.display())))
     }
 
     /// The file path.
@@ -105,50 +129,86 @@ impl Segment {
 
     /// True once sealed (read through a map from then on).
     pub(crate) fn is_sealed(&self) -> bool {
-        self.map.get().is_some() || self.sealed_unmapped.load(Ordering::Acquire)
+        self.map.get().is_some()
+    }
+
+    /// True while the segment holds an open file descriptor.
+    pub(crate) fn holds_descriptor(&self) -> bool {
+        self.file
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
     }
 
     /// Appends `bytes` at the end. Only the writer calls this, on the active segment.
-    pub(crate) fn append(&self, bytes: &[u8]) -> Result<()> {
+    ///
+    /// # Errors
+    /// The OS error; on failure the segment's length is unchanged (the caller may cut the
+    /// file back to it, see [`Segment::truncate`]).
+    pub(crate) fn append(&self, bytes: &[u8]) -> std::result::Result<(), std::io::Error> {
         debug_assert!(!self.is_sealed(), "appending to a sealed segment");
         let at = self.len();
-        self.file
-            .write_all_at(bytes, at)
-            .map_err(Error::io(format!("appending to {}", self.path.display())))?;
+        let file = self
+            .file()
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        file.write_all_at(bytes, at)?;
         self.len.store(at + bytes.len() as u64, Ordering::Release);
         Ok(())
     }
 
     /// `fdatasync`: makes appended bytes durable.
     pub(crate) fn sync_data(&self) -> Result<()> {
-        self.file
+        self.file()?
             .sync_data()
             .map_err(Error::io(format!("syncing {}", self.path.display())))
     }
 
-    /// Syncs, then maps the file read-only; the segment is never written again.
+    /// Syncs, then maps the file read-only and closes its descriptor; the segment is never
+    /// written again.
     pub(crate) fn seal(&self) -> Result<()> {
         self.sync_data()?;
-        match self
-            .file
+        self.map_and_close()
+    }
+
+    fn map_and_close(&self) -> Result<()> {
+        let map = self
+            .file()?
             .map()
-            .map_err(Error::io(format!("mapping {}", self.path.display())))?
-        {
+            .map_err(Error::io(format!("mapping {}", self.path.display())))?;
+        let mut file = self
+            .file
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match map {
             Some(map) => {
                 let _ = self.map.set(Bytes::from_owner(map));
+                *file = None;
             }
-            None => self.sealed_unmapped.store(true, Ordering::Release),
+            None => {
+                // A file system without maps: keep the file, read-only from now on.
+                let reopened = self
+                    .fs
+                    .open_read_only(&self.path)
+                    .map_err(Error::io(format!("reopening {}", self.path.display())))?;
+                let all = self.len();
+                let mut bytes = vec![0u8; usize::try_from(all).unwrap_or(0)];
+                reopened
+                    .read_exact_at(&mut bytes, 0)
+                    .map_err(Error::io(format!("reading {}", self.path.display())))?;
+                let _ = self.map.set(Bytes::from(bytes));
+                *file = None;
+            }
         }
         Ok(())
     }
 
-    /// Cuts the file to `len` bytes and syncs (recovery of a torn tail only).
+    /// Cuts the file to `len` bytes and syncs (a torn tail at recovery, or a failed write).
     pub(crate) fn truncate(&self, len: u64) -> Result<()> {
         assert!(
             !self.is_sealed(),
             "a sealed (mapped) segment must never be truncated"
         );
-        self.file
+        self.file()?
             .set_len_and_sync(len)
             .map_err(Error::io(format!("truncating {}", self.path.display())))?;
         self.len.store(len, Ordering::Release);
@@ -165,11 +225,7 @@ impl Segment {
     ) -> Result<R> {
         let end = offset.checked_add(len).filter(|e| *e <= self.len());
         let Some(end) = end else {
-            return Err(Error::Corruption {
-                segment: self.path.clone(),
-                offset,
-                kind: crate::CorruptionKind::BadLength(len),
-            });
+            return Err(self.corruption(offset, CorruptionKind::BadLength(len)));
         };
         if let Some(map) = self.map.get() {
             let bytes = usize::try_from(offset)
@@ -178,24 +234,36 @@ impl Segment {
                 .and_then(|(a, b)| map.get(a..b));
             return match bytes {
                 Some(b) => Ok(f(b)),
-                None => Err(Error::Corruption {
-                    segment: self.path.clone(),
-                    offset,
-                    kind: crate::CorruptionKind::BadLength(len),
-                }),
+                None => Err(self.corruption(offset, CorruptionKind::BadLength(len))),
             };
         }
         let buf = self.read_unmapped(offset, len)?;
         Ok(f(&buf))
     }
 
+    /// Corruption at `offset` of this segment.
+    pub(crate) fn corruption(&self, offset: u64, kind: CorruptionKind) -> Error {
+        Error::Corruption {
+            segment: self.path.clone(),
+            offset,
+            kind,
+        }
+    }
+
     /// Bytes `offset..offset + len` read with positional reads, never through the map: for a
     /// one-off scan of a whole sealed segment that should not stay resident (mapped pages
-    /// count in the process's RSS for as long as the mapping lives).
+    /// count in the process's RSS for as long as the mapping lives). A sealed segment holds
+    /// no descriptor: a read-only one is opened for the read and closed after it.
     pub(crate) fn read_unmapped(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX).min(1 << 30)];
-        self.file
-            .read_exact_at(&mut buf, offset)
+        let file = match self.file() {
+            Ok(f) => f,
+            Err(_) => self
+                .fs
+                .open_read_only(&self.path)
+                .map_err(Error::io(format!("opening {}", self.path.display())))?,
+        };
+        file.read_exact_at(&mut buf, offset)
             // The context is formatted only on failure: this is on every active-segment read.
             .map_err(|e| Error::io(format!("reading {}", self.path.display()))(e))?;
         Ok(buf)
@@ -213,32 +281,5 @@ impl Segment {
     /// The whole map of a sealed segment, to share slices of it (`None` while active).
     pub(crate) fn map(&self) -> Option<&Bytes> {
         self.map.get()
-    }
-
-    /// Unlink the file once the last handle (and its map) is dropped.
-    pub(crate) fn delete_when_unused(&self) {
-        self.delete_on_drop.store(true, Ordering::Release);
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        if self.delete_on_drop.load(Ordering::Acquire) {
-            let removed = self
-                .fs
-                .remove(&self.path)
-                .map_err(Error::io("deleting a retired segment"))
-                .and_then(|()| {
-                    self.path
-                        .parent()
-                        .map_or(Ok(()), |d| sync_dir(self.fs.as_ref(), d))
-                });
-            match removed {
-                Ok(()) => tracing::debug!(path = %self.path.display(), "deleted retired segment"),
-                Err(e) => {
-                    tracing::warn!(path = %self.path.display(), error = %e, "could not delete segment")
-                }
-            }
-        }
     }
 }

@@ -1,0 +1,324 @@
+/**
+ * Coalesces the appends and completions of every session of a process into shared
+ * `AppendBatch` calls, Kafka-producer style: when no batch is in flight a request is sent at
+ * once (no added latency when idle); while one is in flight, new requests queue and leave
+ * together as the next batch. Each caller awaits its own durable event id.
+ *
+ * One batch is in flight at a time, so the items of a stream reach cursorlog in the order
+ * they were handed in. Every item carries `expected_next_seq`, so a batch retried after a
+ * transport failure is recognised by cursorlog (`duplicate`) instead of written twice.
+ */
+import type * as grpc from '@grpc/grpc-js';
+import { CursorlogError, CursorlogMcpError, type AppendResultMessage, type CursorlogClient } from './client.js';
+import type { BatchItem, BatchResult, NewEvent } from './proto.js';
+
+/** Limits of one `AppendBatch` call. */
+export interface ProducerOptions {
+  /** Most items per call (cursorlog's `batch_items_max` is 4096). */
+  maxItems?: number;
+  /** Most payload bytes per call, kept under the gRPC message limit (default 8 MiB). */
+  maxBytes?: number;
+  /** Attempts of a call that failed with UNAVAILABLE/DEADLINE_EXCEEDED (default 4). */
+  attempts?: number;
+  /** `AppendBatch` calls in flight at once (default 1: everything that arrives meanwhile waits and leaves as one batch). */
+  maxInFlight?: number;
+  /**
+   * How appends travel: `batch` (default) coalesces them with completions into `AppendBatch`
+   * calls; `stream` sends each at once on one long-lived pipelined `AppendStream` call (no
+   * waiting for a batch in flight; completions still go through `AppendBatch`, each after
+   * its stream's earlier appends were acknowledged).
+   */
+  appendVia?: 'batch' | 'stream';
+}
+
+interface Pending {
+  session: string;
+  stream: string;
+  seq: number;
+  complete: boolean;
+  event: NewEvent;
+  resolve: (id: string) => void;
+  reject: (error: Error) => void;
+}
+
+/** Per cursorlog stream: the seq the next item will get, or the error that broke it. */
+interface StreamCursor {
+  nextSeq: number;
+  broken?: Error;
+}
+
+/** Counters, for tests and the benchmark. */
+export interface ProducerStats {
+  batches: number;
+  items: number;
+  events: number;
+  retries: number;
+}
+
+export class Producer {
+  private queue: Pending[] = [];
+  private inFlight = 0;
+  /** Streams with items in a batch in flight, and how many. */
+  private readonly busy = new Map<string, number>();
+  private readonly maxInFlight: number;
+  private readonly streams = new Map<string, StreamCursor>();
+  private readonly maxItems: number;
+  private readonly maxBytes: number;
+  private readonly attempts: number;
+  private idleWaiters: (() => void)[] = [];
+  private readonly appendVia: 'batch' | 'stream';
+  private channel: grpc.ClientDuplexStream<unknown, AppendResultMessage> | undefined;
+  /** Appends written to the `AppendStream` call, awaiting their answers (in order). */
+  private streamed: Pending[] = [];
+  readonly stats: ProducerStats = { batches: 0, items: 0, events: 0, retries: 0 };
+
+  constructor(
+    private readonly client: CursorlogClient,
+    options: ProducerOptions = {},
+  ) {
+    this.maxItems = Math.min(options.maxItems ?? 4096, 4096);
+    this.maxBytes = options.maxBytes ?? 8 * 1024 * 1024;
+    this.attempts = options.attempts ?? 4;
+    this.maxInFlight = options.maxInFlight ?? 1;
+    this.appendVia = options.appendVia ?? 'batch';
+    if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) throw new RangeError(`maxInFlight must be a positive integer, got ${options.maxInFlight}`);
+  }
+
+  /** Registers a stream this process produces, whose next event gets `nextSeq` (1 for a new stream). */
+  track(stream: string, nextSeq = 1): void {
+    if (!this.streams.has(stream)) this.streams.set(stream, { nextSeq });
+  }
+
+  /** Forgets a stream (it is terminal, or its session ended here). */
+  untrack(stream: string): void {
+    this.streams.delete(stream);
+  }
+
+  /** Appends one event; resolves with its event id once durable. */
+  append(session: string, stream: string, event: NewEvent): Promise<string> {
+    return this.enqueue(session, stream, event, false);
+  }
+
+  /** Writes the stream's terminal frame; resolves with its event id once durable. */
+  complete(session: string, stream: string, event: NewEvent): Promise<string> {
+    return this.enqueue(session, stream, event, true);
+  }
+
+  /** Resolves once nothing is queued or in flight. */
+  idle(): Promise<void> {
+    if (this.inFlight === 0 && this.queue.length === 0 && this.streamed.length === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  private enqueue(session: string, stream: string, event: NewEvent, complete: boolean): Promise<string> {
+    const cursor = this.streams.get(stream);
+    if (cursor === undefined) {
+      return Promise.reject(new CursorlogMcpError(`stream ${stream} of session ${session} is not open in this process`));
+    }
+    if (cursor.broken !== undefined) return Promise.reject(cursor.broken);
+    const seq = cursor.nextSeq++;
+    return new Promise((resolve, reject) => {
+      this.queue.push({ session, stream, seq, complete, event, resolve, reject });
+      this.pump();
+    });
+  }
+
+  /**
+   * The next batch: queued items in order, up to the limits, skipping every item of a stream
+   * that has an item in a batch still in flight (so a stream's items never overtake each other).
+   */
+  private take(): Pending[] {
+    let bytes = 0;
+    const batch: Pending[] = [];
+    const rest: Pending[] = [];
+    const blocked = new Set<string>();
+    for (const p of this.queue) {
+      const size = p.event.payload.length + 64;
+      const full = batch.length >= this.maxItems || (batch.length > 0 && bytes + size > this.maxBytes);
+      if (full || blocked.has(p.stream) || this.busy.has(p.stream)) {
+        blocked.add(p.stream);
+        rest.push(p);
+        continue;
+      }
+      bytes += size;
+      batch.push(p);
+    }
+    this.queue = rest;
+    return batch;
+  }
+
+  /** Starts batches while fewer than `maxInFlight` are in flight and something is sendable. */
+  private pump(): void {
+    if (this.appendVia === 'stream') this.streamAppends();
+    while (this.inFlight < this.maxInFlight && this.queue.length > 0) {
+      const batch = this.take();
+      if (batch.length === 0) break;
+      this.inFlight += 1;
+      for (const p of batch) this.busy.set(p.stream, (this.busy.get(p.stream) ?? 0) + 1);
+      void this.send(batch).finally(() => {
+        this.inFlight -= 1;
+        for (const p of batch) {
+          const n = (this.busy.get(p.stream) ?? 1) - 1;
+          if (n === 0) this.busy.delete(p.stream);
+          else this.busy.set(p.stream, n);
+        }
+        this.pump();
+        this.notifyIdle();
+      });
+    }
+  }
+
+  private notifyIdle(): void {
+    if (this.inFlight === 0 && this.queue.length === 0 && this.streamed.length === 0) {
+      const waiters = this.idleWaiters;
+      this.idleWaiters = [];
+      for (const w of waiters) w();
+    }
+  }
+
+  private markBusy(stream: string, delta: number): void {
+    const n = (this.busy.get(stream) ?? 0) + delta;
+    if (n <= 0) this.busy.delete(stream);
+    else this.busy.set(stream, n);
+  }
+
+  /** Writes every queued append that may go now to the `AppendStream` call; leaves completions queued. */
+  private streamAppends(): void {
+    const rest: Pending[] = [];
+    const blocked = new Set<string>();
+    for (const p of this.queue) {
+      if (p.complete || blocked.has(p.stream)) {
+        blocked.add(p.stream);
+        rest.push(p);
+        continue;
+      }
+      this.writeStreamed(p);
+    }
+    this.queue = rest;
+  }
+
+  private writeStreamed(p: Pending): void {
+    if (this.channel === undefined) this.channel = this.openChannel();
+    this.markBusy(p.stream, 1);
+    this.streamed.push(p);
+    this.stats.events += 1;
+    this.stats.items += 1;
+    this.channel.write({ session: p.session, stream: p.stream, expectedNextSeq: String(p.seq), events: [p.event] });
+  }
+
+  private openChannel(): grpc.ClientDuplexStream<unknown, AppendResultMessage> {
+    const call = this.client.appendStream();
+    this.stats.batches += 1;
+    call.on('data', (r: AppendResultMessage) => {
+      const p = this.streamed.shift();
+      if (p === undefined) return;
+      this.markBusy(p.stream, -1);
+      const id = r.appended?.eventIds?.[0];
+      if (r.result === 'appended' && id !== undefined) p.resolve(id);
+      else this.fail(p, new CursorlogError('AppendStream', r.failure?.code ?? 2, r.failure?.message ?? 'no result'));
+      this.pump();
+      this.notifyIdle();
+    });
+    const lost = (error: unknown): void => {
+      if (this.channel !== call) return;
+      this.channel = undefined;
+      // Unanswered appends fail loudly (the SDK then does not send them).
+      const pending = this.streamed;
+      this.streamed = [];
+      const e = error as Partial<grpc.ServiceError>;
+      const failure = new CursorlogError('AppendStream', e.code ?? 14, e.details ?? String(error));
+      for (const p of pending) {
+        this.markBusy(p.stream, -1);
+        this.fail(p, failure);
+      }
+      this.pump();
+      this.notifyIdle();
+    };
+    call.on('error', lost);
+    call.on('end', () => lost({ code: 14, details: 'AppendStream ended by the server' }));
+    return call;
+  }
+
+  /** Ends the `AppendStream` call, if any (after the producer drained). */
+  close(): void {
+    const call = this.channel;
+    this.channel = undefined;
+    call?.end();
+  }
+
+  /** Groups the batch into items: consecutive appends of one stream become one `Append`. */
+  private static items(batch: Pending[]): { items: BatchItem[]; owners: Pending[][] } {
+    const items: BatchItem[] = [];
+    const owners: Pending[][] = [];
+    const openAppend = new Map<string, number>();
+    for (const p of batch) {
+      const at = openAppend.get(p.stream);
+      if (!p.complete && at !== undefined) {
+        items[at]!.append!.events.push(p.event);
+        owners[at]!.push(p);
+        continue;
+      }
+      if (p.complete) {
+        openAppend.delete(p.stream);
+        items.push({ complete: { session: p.session, stream: p.stream, expectedNextSeq: String(p.seq), terminal: p.event } });
+      } else {
+        openAppend.set(p.stream, items.length);
+        items.push({ append: { session: p.session, stream: p.stream, expectedNextSeq: String(p.seq), events: [p.event] } });
+      }
+      owners.push([p]);
+    }
+    return { items, owners };
+  }
+
+  private async send(batch: Pending[]): Promise<void> {
+    const { items, owners } = Producer.items(batch);
+    let results: BatchResult[] | undefined;
+    let lastError: Error | undefined;
+    for (let attempt = 1; attempt <= this.attempts; attempt += 1) {
+      try {
+        const response = await this.client.call('AppendBatch', { items });
+        results = response.results ?? [];
+        break;
+      } catch (error) {
+        lastError = error as Error;
+        if (!(error instanceof CursorlogError) || !error.retryable || attempt === this.attempts) break;
+        this.stats.retries += 1;
+        await new Promise((r) => setTimeout(r, 50 * 2 ** attempt));
+      }
+    }
+    this.stats.batches += 1;
+    this.stats.items += items.length;
+    this.stats.events += batch.length;
+    if (results === undefined || results.length !== items.length) {
+      const error =
+        lastError ??
+        new CursorlogMcpError(`AppendBatch answered ${results?.length ?? 0} results for ${items.length} items`);
+      for (const group of owners) for (const p of group) this.fail(p, error);
+      return;
+    }
+    results.forEach((result, i) => {
+      const group = owners[i]!;
+      if (result.result === 'appended' && result.appended) {
+        const ids = result.appended.eventIds ?? [];
+        group.forEach((p, j) => {
+          const id = ids[j];
+          if (id === undefined) this.fail(p, new CursorlogMcpError(`AppendBatch returned ${ids.length} ids for ${group.length} events`));
+          else p.resolve(id);
+        });
+      } else if (result.result === 'completed' && result.completed?.terminalEventId) {
+        this.streams.delete(group[0]!.stream);
+        group[0]!.resolve(result.completed.terminalEventId);
+      } else {
+        const f = result.failure;
+        const error = new CursorlogError(group[0]!.complete ? 'Complete' : 'Append', f?.code ?? 2, f?.message ?? 'no result');
+        for (const p of group) this.fail(p, error);
+      }
+    });
+  }
+
+  private fail(p: Pending, error: Error): void {
+    const cursor = this.streams.get(p.stream);
+    if (cursor !== undefined && cursor.broken === undefined) cursor.broken = error;
+    p.reject(error);
+  }
+}

@@ -1,0 +1,186 @@
+use super::*;
+use crate::format::{SegmentHeader, SyncPolicyTag};
+use crate::record::{encode_frame, EventBody};
+use proptest::prelude::*;
+
+fn header() -> Vec<u8> {
+    SegmentHeader {
+        base_lsn: 1,
+        term: 1,
+        sync: SyncPolicyTag::Always,
+        boot_id: [0; 16],
+        created_at_ms: 0,
+    }
+    .encode()
+    .to_vec()
+}
+
+fn event(seq: u64, len: usize) -> Record {
+    Record::Event(EventBody {
+        stream: 1,
+        seq,
+        at_ms: 0,
+        kind: "k".into(),
+        correlation: None,
+        payload: vec![7; len],
+    })
+}
+
+/// A segment of `events` single-record groups, written in writes of `per_write` groups,
+/// each write synced before the next (as under `sync=always`): every frame claims the
+/// offset where its write began as synced.
+fn segment(events: usize, per_write: usize) -> Vec<u8> {
+    let mut bytes = header();
+    let mut synced = bytes.len() as u64;
+    for i in 0..events {
+        if i % per_write.max(1) == 0 {
+            synced = bytes.len() as u64;
+        }
+        encode_frame(
+            &event(i as u64 + 1, i % 40),
+            i as u64 + 1,
+            0,
+            synced,
+            &mut bytes,
+        )
+        .unwrap();
+    }
+    bytes
+}
+
+fn walk_all(bytes: &[u8]) -> WalkEnd {
+    walk(&mut &bytes[..], 1, |_| Ok(Ok(()))).unwrap()
+}
+
+#[test]
+fn a_clean_segment_walks_to_its_end() {
+    let bytes = segment(20, 1);
+    let end = walk_all(&bytes);
+    assert_eq!(
+        (end.records, end.last_lsn, end.damage.clone()),
+        (20, 20, None)
+    );
+    assert_eq!(end.valid_end, bytes.len() as u64);
+    assert_eq!(classify_tail(&bytes, &end), TailDamage::None);
+}
+
+#[test]
+fn groups_are_kept_whole_or_not_at_all() {
+    let mut bytes = header();
+    for (i, left) in [2u32, 1, 0, 1, 0].into_iter().enumerate() {
+        encode_frame(&event(i as u64 + 1, 3), i as u64 + 1, left, 64, &mut bytes).unwrap();
+    }
+    let mut groups = Vec::new();
+    let end = walk_groups(&mut &bytes[..], 1, |g| {
+        groups.push(g.len());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(groups, [3, 2]);
+    // Cut inside the second group: only the first is complete.
+    let cut = &bytes[..bytes.len() - 5];
+    let mut groups = Vec::new();
+    let end2 = walk_groups(&mut &cut[..], 1, |g| {
+        groups.push(g.len());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(groups, [3]);
+    assert_eq!(end2.last_lsn, 3);
+    assert!(end2.damage.is_some() && end.damage.is_none());
+}
+
+/// The last write lost some of its sectors (not a prefix): valid frames of the same
+/// unsynced write follow the damage, yet it is a torn write, not corruption.
+#[test]
+fn a_torn_last_write_with_later_sectors_kept_is_unsynced_damage() {
+    let bytes = segment(200, 100); // two writes of 100 frames, the second unsynced
+    let second_write = {
+        let end = walk_all(&segment(100, 100));
+        end.valid_end as usize
+    };
+    let mut torn = bytes.clone();
+    // Lose the first 4 KiB sector of the second write's region (zeros), keep the rest.
+    let sector = (second_write / 4096 + 1) * 4096;
+    for b in &mut torn[sector..sector + 4096] {
+        *b = 0;
+    }
+    let end = walk_all(&torn);
+    assert!(end.damage.is_some());
+    match classify_tail(&torn, &end) {
+        TailDamage::Unsynced { valid_frames_after } => assert!(valid_frames_after > 0),
+        other => panic!("expected unsynced damage, got {other:?}"),
+    }
+}
+
+/// Damage in a write that was synced before a later write: the later write's frames say so.
+#[test]
+fn damage_in_synced_data_followed_by_a_later_write_is_corruption() {
+    let bytes = segment(200, 100);
+    let mut bad = bytes.clone();
+    bad[200] ^= 0xff; // inside the first (synced) write
+    let end = walk_all(&bad);
+    assert!(matches!(
+        classify_tail(&bad, &end),
+        TailDamage::Synced { .. }
+    ));
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_after_a_header_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let mut bytes = header();
+        bytes.extend_from_slice(&tail);
+        let end = walk_all(&bytes);
+        prop_assert!(end.valid_end <= bytes.len() as u64);
+        let _ = classify_tail(&bytes, &end);
+    }
+
+    #[test]
+    fn mutated_segments_yield_a_valid_prefix_or_named_damage(
+        at in 64usize..2000, value: u8, cut in 0usize..2100,
+    ) {
+        let clean = segment(30, 1);
+        let mut bytes = clean.clone();
+        if let Some(b) = bytes.get_mut(at) { *b = value; }
+        bytes.truncate(cut.max(64));
+        let end = walk_all(&bytes);
+        // Whatever was kept is byte-identical to the clean segment's prefix.
+        let kept = usize::try_from(end.valid_end).unwrap();
+        prop_assert_eq!(&bytes[..kept], &clean[..kept]);
+        prop_assert!(end.damage.is_some() || kept == bytes.len());
+    }
+
+    /// Any subset of the sectors of the last, unsynced write: recovery keeps exactly the
+    /// synced prefix (or more complete groups of the torn write), never refuses.
+    #[test]
+    fn any_sector_subset_of_the_unsynced_write_is_a_torn_tail(mask: u64, synced_frames in 1usize..120) {
+        let total = 160;
+        let mut bytes = header();
+        let mut synced = bytes.len() as u64;
+        for i in 0..total {
+            if i == synced_frames {
+                synced = bytes.len() as u64;
+            }
+            encode_frame(&event(i as u64 + 1, 90), i as u64 + 1, 0, synced, &mut bytes).unwrap();
+        }
+        let boundary = synced as usize;
+        let mut torn = bytes[..boundary].to_vec();
+        torn.resize(bytes.len(), 0);
+        let mut sector = boundary / 4096 * 4096;
+        let mut bit = 0;
+        while sector < bytes.len() {
+            let end = (sector + 4096).min(bytes.len());
+            let from = sector.max(boundary);
+            if mask >> (bit % 64) & 1 == 1 {
+                torn[from..end].copy_from_slice(&bytes[from..end]);
+            }
+            sector += 4096;
+            bit += 1;
+        }
+        let end = walk_all(&torn);
+        prop_assert!(end.valid_end >= synced, "kept {} < synced {}", end.valid_end, synced);
+        let synced_damage = matches!(classify_tail(&torn, &end), TailDamage::Synced { .. });
+        prop_assert!(!synced_damage);
+    }
+}

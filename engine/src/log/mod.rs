@@ -1,0 +1,311 @@
+//! The log: the ordered set of segment files and everything that touches them.
+//!
+//! It owns segment creation and rotation, the group write and its sync, the one frame
+//! walker ([`frames`]), positioned reads (through [`Segment`]), ordered deletion of a
+//! retired prefix, and the descriptor policy (the active segment holds one read-write
+//! descriptor; sealed segments are mapped and hold none). Recovery, verify, retention,
+//! reads and the writer all reach segment files through it.
+//!
+//! It is shaped to become the log of a replicated group later (see `engine/FORMAT.md`,
+//! "Replication"): entries carry a term (per segment, from its header), an unsynced suffix
+//! is cut only in the active segment ([`open`]), a committed prefix is purged in order
+//! ([`Log::purge_prefix`]), and the index applies records only after they are written and
+//! synced (the writer's commit is the seam where "apply after commit" would go).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::clock::Clock;
+use crate::config::SyncPolicy;
+use crate::error::{Error, Result};
+use crate::format::{SegmentHeader, SyncPolicyTag, BOOT_ID_BYTES};
+use crate::fs::FileSystem;
+
+pub(crate) mod events;
+pub(crate) mod frames;
+mod open;
+mod segment;
+mod upgrade;
+
+pub(crate) use open::{header_error, list_segments, open, PreviousRun};
+pub(crate) use segment::{sync_dir, Segment};
+
+/// Where a record lives: its segment (by base LSN), byte offset and frame length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl Position {
+    /// Encoded size in the index.
+    pub(crate) const BYTES: usize = 20;
+
+    pub(crate) fn encode(self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[..8].copy_from_slice(&self.segment.to_le_bytes());
+        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        b[16..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Option<Self> {
+        let segment = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        let offset = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
+        let len = u32::from_le_bytes(b.get(16..20)?.try_into().ok()?);
+        (b.len() == Self::BYTES).then_some(Self {
+            segment,
+            offset,
+            len,
+        })
+    }
+}
+
+/// The live segments, ordered by base LSN; the last one is the active segment.
+#[derive(Debug)]
+pub(crate) struct Log {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+}
+
+impl Log {
+    pub(crate) fn new(fs: Arc<dyn FileSystem>, dir: PathBuf) -> Self {
+        Self {
+            fs,
+            dir,
+            segments: RwLock::default(),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Arc<Segment>>> {
+        self.segments
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Arc<Segment>>> {
+        self.segments
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The file system segments live on.
+    pub(crate) fn fs(&self) -> &Arc<dyn FileSystem> {
+        &self.fs
+    }
+
+    /// The data directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Adds a segment (open, rotation).
+    pub(crate) fn insert(&self, segment: Arc<Segment>) {
+        self.write().insert(segment.base_lsn(), segment);
+    }
+
+    /// The segment with this base LSN.
+    pub(crate) fn get(&self, base_lsn: u64) -> Option<Arc<Segment>> {
+        self.read().get(&base_lsn).cloned()
+    }
+
+    /// All segments in LSN order.
+    pub(crate) fn all(&self) -> Vec<Arc<Segment>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// Number of segments.
+    pub(crate) fn count(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Bytes across all segments.
+    pub(crate) fn total_bytes(&self) -> u64 {
+        self.read().values().map(|s| s.len()).sum()
+    }
+
+    /// Segment files holding an open descriptor (the active one; sealed ones hold none).
+    pub(crate) fn descriptors(&self) -> usize {
+        self.read()
+            .values()
+            .filter(|s| s.holds_descriptor())
+            .count()
+    }
+
+    /// Deletes the oldest segments, `bases` (which must be the set's oldest, in order, and
+    /// never the active one): they leave the set at once, then their files are unlinked
+    /// oldest first and the directory is synced once, outside the set's lock. A crash part
+    /// way leaves a contiguous suffix of them, never a hole in the log. Readers holding
+    /// their maps keep reading (an unlinked file's pages live until the last map goes).
+    ///
+    /// # Errors
+    /// The set's prefix is not `bases` (a bug: nothing is deleted); an unlink or the
+    /// directory sync failed (the files from the failed one on stay; they are dead and
+    /// retired again after a restart).
+    pub(crate) fn purge_prefix(&self, bases: &[u64]) -> Result<Vec<PathBuf>> {
+        let removed: Vec<Arc<Segment>> = {
+            let mut map = self.write();
+            let prefix: Vec<u64> = map.keys().take(bases.len()).copied().collect();
+            if prefix != bases || map.len() <= bases.len() {
+                return Err(Error::Internal(format!(
+                    "retiring segments {bases:?}, but the oldest are {prefix:?} of {}",
+                    map.len()
+                )));
+            }
+            bases.iter().filter_map(|b| map.remove(b)).collect()
+        };
+        let mut paths = Vec::with_capacity(removed.len());
+        for seg in &removed {
+            self.fs
+                .remove(seg.path())
+                .map_err(Error::io(format!("deleting {}", seg.path().display())))?;
+            paths.push(seg.path().to_path_buf());
+        }
+        if !paths.is_empty() {
+            sync_dir(self.fs.as_ref(), &self.dir)?;
+        }
+        Ok(paths)
+    }
+}
+
+/// Why a group write failed.
+#[derive(Debug)]
+pub(crate) enum WriteError {
+    /// The file system is full. The partial write was cut off again: the log is exactly as
+    /// before the write, and writing may go on once space returns.
+    NoSpace(Error),
+    /// Anything else: the log's state on disk is unknown; the engine must stop writing.
+    Fatal(Error),
+}
+
+/// The writer's end of the log: the active segment, the next LSN and the sync state. Only
+/// the writer thread holds it.
+#[derive(Debug)]
+pub(crate) struct LogWriter {
+    log: Arc<Log>,
+    active: Arc<Segment>,
+    /// The LSN the next record gets. The writer advances it while planning a group and
+    /// puts it back ([`LogWriter::rewind`]) if the group is not written.
+    pub next_lsn: u64,
+    /// Offset in the active segment below which everything is durable.
+    synced_through: u64,
+    /// Header fields of the segments this writer creates.
+    term: u64,
+    sync: SyncPolicyTag,
+    boot_id: [u8; BOOT_ID_BYTES],
+    clock: Arc<dyn Clock>,
+}
+
+impl LogWriter {
+    pub(crate) fn new(
+        log: Arc<Log>,
+        active: Arc<Segment>,
+        next_lsn: u64,
+        term: u64,
+        policy: SyncPolicy,
+        boot_id: [u8; BOOT_ID_BYTES],
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let synced_through = active.len();
+        Self {
+            log,
+            active,
+            next_lsn,
+            synced_through,
+            term,
+            sync: SyncPolicyTag::of(policy),
+            boot_id,
+            clock,
+        }
+    }
+
+    /// The active segment.
+    pub(crate) fn active(&self) -> &Arc<Segment> {
+        &self.active
+    }
+
+    /// The offset below which the active segment is durable: every frame written next
+    /// carries it (see [`crate::format::FrameHeader::synced_through`]).
+    pub(crate) fn synced_through(&self) -> u64 {
+        self.synced_through
+    }
+
+    /// True when bytes were written since the last sync.
+    pub(crate) fn has_unsynced(&self) -> bool {
+        self.active.len() > self.synced_through
+    }
+
+    /// Puts the next LSN back to `lsn` after a planned group was not written.
+    pub(crate) fn rewind(&mut self, lsn: u64) {
+        self.next_lsn = lsn;
+    }
+
+    /// Seals the active segment and starts a new one once it holds `max_bytes`.
+    ///
+    /// # Errors
+    /// I/O failures (fatal for the writer).
+    pub(crate) fn rotate_if_full(&mut self, max_bytes: u64) -> Result<()> {
+        if self.active.len() < max_bytes {
+            return Ok(());
+        }
+        self.active.seal()?;
+        let header = SegmentHeader {
+            base_lsn: self.next_lsn,
+            term: self.term,
+            sync: self.sync,
+            boot_id: self.boot_id,
+            created_at_ms: self.clock.now_ms(),
+        };
+        let next = Arc::new(Segment::create(
+            Arc::clone(self.log.fs()),
+            self.log.dir(),
+            &header,
+        )?);
+        self.log.insert(Arc::clone(&next));
+        self.synced_through = next.len();
+        self.active = next;
+        tracing::debug!(base_lsn = self.next_lsn, "rolled to a new segment");
+        Ok(())
+    }
+
+    /// Writes one group commit's frames at the end of the active segment.
+    ///
+    /// # Errors
+    /// [`WriteError::NoSpace`] when the disk is full (the log is left as it was);
+    /// [`WriteError::Fatal`] otherwise.
+    pub(crate) fn write(&mut self, frames: &[u8]) -> std::result::Result<(), WriteError> {
+        if frames.is_empty() {
+            return Ok(());
+        }
+        let before = self.active.len();
+        match self.active.append(frames) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                let err = Error::io(format!("appending to {}", self.active.path().display()))(e);
+                // Cut off whatever part of the write reached the file, so the log ends
+                // where it did; if even that fails, nothing is certain any more.
+                match self.active.truncate(before) {
+                    Ok(()) => Err(WriteError::NoSpace(err)),
+                    Err(cut) => Err(WriteError::Fatal(cut)),
+                }
+            }
+            Err(e) => Err(WriteError::Fatal(Error::io(format!(
+                "appending to {}",
+                self.active.path().display()
+            ))(e))),
+        }
+    }
+
+    /// `fdatasync` of the active segment.
+    ///
+    /// # Errors
+    /// I/O failures: never retried (the page cache state is unknown); fatal for the writer.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        self.active.sync_data()?;
+        self.synced_through = self.active.len();
+        Ok(())
+    }
+}
