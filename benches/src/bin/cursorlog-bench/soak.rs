@@ -90,12 +90,12 @@ impl SoakArgs {
 
 const CSV_HEADER: &str = "t_secs,phase,rss_bytes,disk_bytes,fds,append_p50_us,append_p99_us,\
 appends,live_sessions,sessions,streams,open_streams,server_followers,client_followers,\
-server_cpu_cores,sessions_opened,errors";
+server_cpu_cores,sessions_opened,errors,followers_ended_by_server";
 
 fn csv_row(s: &Sample, phase: Phase) -> String {
     let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
     format!(
-        "{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        "{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
         s.t,
         phase.label(),
         s.rss_bytes,
@@ -112,7 +112,8 @@ fn csv_row(s: &Sample, phase: Phase) -> String {
         s.client_followers,
         s.server_cpu.map_or_else(String::new, |c| format!("{c:.3}")),
         s.sessions_opened,
-        s.errors
+        s.errors,
+        s.followers_ended
     )
 }
 
@@ -253,7 +254,7 @@ pub async fn run(
     println!("{TABLE_HEADER}");
     let mut samples = Vec::new();
     let mut phases = Vec::new();
-    let mut errors_before = 0;
+    let mut before = Sample::default();
     let mut cpu_before = report::cpu_secs(&pid.to_string());
     for k in 1u32.. {
         let t = interval * f64::from(k);
@@ -267,7 +268,7 @@ pub async fn run(
         let c = &fleet.counters;
         let phase = Phase::of(t, interval, cli.warmup, cli.duration);
         if phase == Phase::Third(0) && !phases.contains(&Phase::Third(0)) {
-            errors_before = samples.last().map_or(0, |s: &Sample| s.errors);
+            before = samples.last().cloned().unwrap_or_default();
         }
         let has_appends = !appends.is_empty();
         let sample = Sample {
@@ -288,6 +289,7 @@ pub async fn run(
             server_cpu: cpu.zip(cpu_before).map(|(a, b)| (a - b) / interval),
             sessions_opened: c.sessions_opened.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
+            followers_ended: c.followers_ended_by_server.load(Ordering::Relaxed),
         };
         cpu_before = cpu;
         println!("{}", table_row(&sample, phase, interval));
@@ -318,7 +320,7 @@ pub async fn run(
         println!("  error: {e}");
     }
     let tolerance = args.tolerance_pct / 100.0;
-    let verdict = judge(&samples, &phases, errors_before, tolerance);
+    let verdict = judge(&samples, &phases, &before, tolerance);
     verdict.print(tolerance);
     if let Some(path) = &args.csv {
         eprintln!("wrote {}", path.display());

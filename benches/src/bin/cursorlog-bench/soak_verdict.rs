@@ -87,6 +87,9 @@ pub struct Sample {
     pub sessions_opened: u64,
     /// Failed operations and checks so far.
     pub errors: u64,
+    /// Follow calls the server ended while their client was still connected, so far (a
+    /// session expiring under a connected client).
+    pub followers_ended: u64,
 }
 
 /// One judged resource.
@@ -185,9 +188,10 @@ impl Verdict {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Judges the samples: `phases[i]` is the phase of `samples[i]`, `errors_before` the error
-/// count when the measured window began, `tolerance` a fraction (0.1 = 10 %).
-pub fn judge(samples: &[Sample], phases: &[Phase], errors_before: u64, tolerance: f64) -> Verdict {
+/// Judges the samples: `phases[i]` is the phase of `samples[i]`, `before` the last sample
+/// before the measured window (its running counts are the baseline), `tolerance` a fraction
+/// (0.1 = 10 %).
+pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tolerance: f64) -> Verdict {
     type Get = fn(&Sample) -> Option<f64>;
     let metrics: [(&'static str, Get); 5] = [
         ("RSS MiB", |s| Some(s.rss_bytes as f64 / MIB)),
@@ -260,11 +264,20 @@ pub fn judge(samples: &[Sample], phases: &[Phase], errors_before: u64, tolerance
         }
         rows.push(row);
     }
-    let errors_after = measured.last().map_or(errors_before, |(s, _)| s.errors);
-    if errors_after > errors_before {
+    let errors_after = measured.last().map_or(before.errors, |(s, _)| s.errors);
+    if errors_after > before.errors {
         problems.push(format!(
             "{} operations failed during the measured window",
-            errors_after - errors_before
+            errors_after - before.errors
+        ));
+    }
+    let ended_after = measured
+        .last()
+        .map_or(before.followers_ended, |(s, _)| s.followers_ended);
+    if ended_after > before.followers_ended {
+        problems.push(format!(
+            "the server ended {} follow calls of connected clients during the measured window",
+            ended_after - before.followers_ended
         ));
     }
     Verdict { rows, problems }
@@ -324,7 +337,7 @@ mod tests {
                 sample(t, rss, 600, 4000 + u64::from(k % 2) * 100)
             })
             .collect();
-        let v = judge(&samples, &phases(&samples), 0, 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
         assert!(v.passed(), "{:?}", v.problems);
         assert_eq!(v.rows.len(), 5);
     }
@@ -335,7 +348,7 @@ mod tests {
         let samples: Vec<Sample> = (1u32..=8)
             .map(|k| sample(5.0 * f64::from(k), 100, 100 * u64::from(k), 4000))
             .collect();
-        let v = judge(&samples, &phases(&samples), 0, 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
         assert!(!v.passed());
         assert!(
             v.problems.iter().any(|p| p.starts_with("live sessions")),
@@ -354,7 +367,7 @@ mod tests {
         let samples: Vec<Sample> = (1u32..=8)
             .map(|k| sample(5.0 * f64::from(k), 200 - 10 * u64::from(k), 600, 4000))
             .collect();
-        let v = judge(&samples, &phases(&samples), 0, 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
         assert!(
             v.problems.iter().any(|p| p.starts_with("RSS")),
             "{:?}",
@@ -368,13 +381,27 @@ mod tests {
             .map(|k| sample(5.0 * f64::from(k), 100, 600, 4000))
             .collect();
         samples[7].errors = 3;
+        samples[7].followers_ended = 4;
         samples[5].append_p99_us = None;
-        let v = judge(&samples, &phases(&samples), 0, 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
         assert!(v.problems.iter().any(|p| p.contains("3 operations failed")));
+        assert!(v
+            .problems
+            .iter()
+            .any(|p| p.contains("ended 4 follow calls")));
+        // Counts from the warm-up are not the window's.
+        let before = Sample {
+            errors: 3,
+            followers_ended: 4,
+            ..Sample::default()
+        };
+        let v = judge(&samples, &phases(&samples), &before, 0.10);
+        assert!(!v.problems.iter().any(|p| p.contains("operations failed")));
+        assert!(!v.problems.iter().any(|p| p.contains("follow calls")));
         assert!(v.problems.iter().any(|p| p.contains("ending at 30 s")));
 
         let short: Vec<Sample> = samples[..4].to_vec();
-        let v = judge(&short, &phases(&short), 0, 0.10);
+        let v = judge(&short, &phases(&short), &Sample::default(), 0.10);
         assert!(v
             .problems
             .iter()
