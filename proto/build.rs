@@ -2,6 +2,12 @@
 //! so no `protoc` is needed) and generates the prost messages and tonic client and server stubs.
 //! The encoded descriptor set (with source info, so reflection shows the comments) is written
 //! next to the generated code for `tonic-reflection`.
+//!
+//! Two passes: the messages and the client use tonic's prost codec; the server stub is
+//! generated on its own (its message types refer to the first pass's) with
+//! `codec::ServerCodec` (in `src/lib.rs`), which answers a request that does not decode with
+//! INVALID_ARGUMENT rather than tonic's INTERNAL (the client keeps INTERNAL for a response
+//! that does not decode: that one is the server's fault).
 
 use std::path::PathBuf;
 
@@ -22,7 +28,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Replayed payloads are slices of the engine's segment maps: no copy until encoding.
         .bytes(".cursorlog.v1.Event.payload")
         .build_client(true)
+        .build_server(false)
+        .compile_fds(compiler.file_descriptor_set())?;
+    let server_dir = out_dir.join("server");
+    std::fs::create_dir_all(&server_dir)?;
+    tonic_prost_build::configure()
+        // Every message is the first pass's: this pass emits only `cursor_log_server`.
+        .extern_path(".cursorlog.v1", "crate::v1")
+        .codec_path("crate::codec::ServerCodec")
+        .build_client(false)
         .build_server(true)
+        .out_dir(&server_dir)
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

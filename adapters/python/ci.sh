@@ -31,16 +31,35 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import sys' 2>/dev/
     "$python" -m venv "$venv"
 fi
 
-echo "--- installing cursorlog-mcp[test] into $venv"
-"$venv/bin/python" -m pip install --quiet --editable "$here[test]"
+SDK_VERSION=2.3.0   # the SDK whose own tests are run below; keep in step with pyproject.toml
+sdk_cache="$target/mcp-sdk-$SDK_VERSION"
+echo "--- fetching the mcp $SDK_VERSION source distribution (its tests and uv.lock)"
+bash "$here/sdk_tests/fetch.sh" "$venv/bin/python" "$sdk_cache" "$SDK_VERSION"
+
+# Everything is installed at the versions the SDK's uv.lock pins, so `pip check` proves that
+# cursorlog-mcp fits next to the SDK's locked dependencies (protobuf 6.x for opentelemetry-proto).
+echo "--- installing cursorlog-mcp[test] and the SDK's test dependencies into $venv (SDK lock as constraints)"
+"$venv/bin/python" -m pip install --quiet -c "$sdk_cache/constraints.txt" --editable "$here[test]" \
+    "mcp==$SDK_VERSION" pytest-examples logfire blockbuster inline-snapshot dirty-equals opentelemetry-sdk
+
+echo "--- pip check"
+"$venv/bin/python" -m pip check
 
 echo "--- checking the committed gRPC stubs against proto/"
 "$venv/bin/python" -m cursorlog_mcp.codegen --check --proto-root "$repo/proto/proto"
 
 echo "--- ruff (undefined names, unused imports, syntax)"
-"$venv/bin/ruff" check --quiet --select F,E9 "$here/src" "$here/tests" "$here/examples"
+"$venv/bin/ruff" check --quiet --select F,E9 "$here/src" "$here/tests" "$here/examples" "$here/sdk_tests" "$here/bench"
 
+echo "--- mypy --strict (the package is typed: py.typed)"
+(cd "$here" && "$venv/bin/mypy" src/cursorlog_mcp)
+
+status=0
 echo "--- pytest (cursorlog binary: $CURSORLOG_BIN)"
 cd "$here"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
-exec "$venv/bin/python" -m pytest -p no:cacheprovider ${PYTEST_ARGS:-}
+"$venv/bin/python" -m pytest -p no:cacheprovider ${PYTEST_ARGS:-} || status=$?
+
+echo "--- the mcp SDK's own resumption tests, cursorlog store swapped in (sdk_tests/)"
+bash "$here/sdk_tests/run.sh" "$venv/bin/python" || status=$?
+exit "$status"

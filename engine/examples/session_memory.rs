@@ -29,7 +29,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let n: u64 = args.next().map_or(Ok(100_000), |a| a.parse())?;
     let tmp = tempfile::tempdir()?;
-    let dir = args.next().map_or_else(|| tmp.path().to_path_buf(), Into::into);
+    let dir = args
+        .next()
+        .map_or_else(|| tmp.path().to_path_buf(), Into::into);
     let mut config = Config::new(&dir);
     config.disk_reserve_bytes = 0;
     let engine = Engine::open(config)?;
@@ -37,7 +39,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let before = rss_kib();
     let mut at_half = 0;
     for i in 0..n {
-        let session = format!("{:032x}", u128::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C834));
+        let session = format!(
+            "{:032x}",
+            u128::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C834)
+        );
         let epoch = engine.open_session(&session)?.epoch;
         let stream = engine.open_stream(OpenStream {
             session: session.clone(),
@@ -49,13 +54,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             session,
             stream: stream.stream,
             expected_next_seq: Some(1),
-            events: vec![NewEvent::new("notification", br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#.to_vec())],
+            events: vec![NewEvent::new(
+                "notification",
+                br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#.to_vec(),
+            )],
         })?;
         if i + 1 == n / 2 {
             at_half = rss_kib();
         }
         if (i + 1) % (n / 10).max(1) == 0 {
-            eprintln!("{} sessions, rss {} MiB, {:.1} s", i + 1, rss_kib() / 1024, started.elapsed().as_secs_f64());
+            eprintln!(
+                "{} sessions, rss {} MiB, {:.1} s",
+                i + 1,
+                rss_kib() / 1024,
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     engine.sync()?;

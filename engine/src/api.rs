@@ -190,6 +190,8 @@ pub struct Terminated {
 pub enum BatchWrite {
     /// An append, as [`crate::Engine::append`].
     Append(Append),
+    /// A new stream, as [`crate::Engine::open_stream`].
+    Open(OpenStream),
     /// A completion, as [`crate::Engine::complete`].
     Complete {
         /// Owning session.
@@ -210,6 +212,8 @@ pub enum BatchWritten {
     Appended(Appended),
     /// The completion was written (or recognised as a retry).
     Completed(Terminated),
+    /// The stream was opened.
+    Opened(StreamInfo),
 }
 
 /// One bounded read.

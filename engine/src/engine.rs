@@ -411,22 +411,7 @@ fn arm_live_state(shared: &Shared) -> Result<()> {
             }
             Ok(())
         })?;
-    let mut leased = Vec::new();
-    shared
-        .index
-        .for_each_with_prefix(&[prefix::OPEN_STREAM], |k, _| {
-            if let Some(id) = k
-                .len()
-                .checked_sub(8)
-                .and_then(|at| k.get(at..))
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            {
-                leased.push(id);
-            }
-            Ok(())
-        })?;
-    for id in leased {
+    for id in open_stream_ids(shared)? {
         if let Some(s) = shared.index.stored_stream(id)? {
             if let (StreamState::Open, Some(ms)) = (s.meta.state, s.meta.lease_ms) {
                 shared.leases.arm(id, ms, now);
@@ -440,23 +425,8 @@ fn arm_live_state(shared: &Shared) -> Result<()> {
 /// hold a cursor for a lost event, and appending after the surviving head would give its
 /// seq to another event. Returns how many were ended.
 fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
-    let mut open = Vec::new();
-    shared
-        .index
-        .for_each_with_prefix(&[prefix::OPEN_STREAM], |k, _| {
-            if let Some(id) = k
-                .len()
-                .checked_sub(8)
-                .and_then(|at| k.get(at..))
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            {
-                open.push(id);
-            }
-            Ok(())
-        })?;
     let mut fenced = 0;
-    for stream in open {
+    for stream in open_stream_ids(shared)? {
         let cmd = Command::Terminate {
             session: None,
             stream,
@@ -482,6 +452,26 @@ fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
         );
     }
     Ok(fenced)
+}
+
+/// Every open stream's id (the `L` keys end with it): O(open streams).
+fn open_stream_ids(shared: &Shared) -> Result<Vec<u64>> {
+    let mut open = Vec::new();
+    shared
+        .index
+        .for_each_with_prefix(&[prefix::OPEN_STREAM], |k, _| {
+            if let Some(id) = k
+                .len()
+                .checked_sub(8)
+                .and_then(|at| k.get(at..))
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            {
+                open.push(id);
+            }
+            Ok(())
+        })?;
+    Ok(open)
 }
 
 fn unexpected(reply: &Reply) -> Error {

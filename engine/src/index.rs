@@ -9,9 +9,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-#[allow(unused_imports)]
-use bincode::{Decode, Encode};
-
 use crate::codec;
 use crate::error::{Error, IndexError, Result};
 use crate::log::Position;

@@ -13,6 +13,8 @@
 //! `CURSORLOG_RACE_ROUNDS` runs more rounds (default 6).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -25,20 +27,7 @@ use cursorlog_engine::{
 const PRODUCERS: usize = 8;
 const OPS: usize = 60;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use common::SplitMix as Rng;
 
 /// What the answers said each seq of each stream holds.
 #[derive(Default)]

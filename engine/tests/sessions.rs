@@ -188,6 +188,12 @@ async fn a_batch_answers_each_item_alone_and_keeps_each_streams_order() {
                 terminal: result.clone(),
             },
             append("b", b, Some(5), b"gap"),
+            BatchWrite::Open(OpenStream {
+                session: "b".into(),
+                epoch: 1,
+                correlation: Some("next".into()),
+                lease_ms: None,
+            }),
         ])
         .await;
     let seqs: Vec<String> = out
@@ -199,6 +205,7 @@ async fn a_batch_answers_each_item_alone_and_keeps_each_streams_order() {
             Ok(BatchWritten::Completed(t)) => {
                 format!("done {} dup={}", t.terminal_seq, t.duplicate)
             }
+            Ok(BatchWritten::Opened(s)) => format!("opened after b: {}", s.stream > b),
             Err(e) => format!(
                 "err {}",
                 match e {
@@ -220,6 +227,7 @@ async fn a_batch_answers_each_item_alone_and_keeps_each_streams_order() {
             "done 3 dup=false",
             "done 3 dup=true",
             "err seq conflict",
+            "opened after b: true",
         ]
     );
     let read = e.read("a", a, 0, 10).unwrap();

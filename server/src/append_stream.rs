@@ -6,6 +6,10 @@
 //! (so requests of one call share group commits and keep their order), and the answers are
 //! yielded in request order as they become durable. The answer stream is driven by the
 //! call's own response task: no task or channel of its own.
+//!
+//! A request that cannot be read (over the message size limit: RESOURCE_EXHAUSTED; not a
+//! valid message: INVALID_ARGUMENT) ends the call with that status, after the requests read
+//! before it are answered.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -39,6 +43,10 @@ struct Call {
     in_flight: VecDeque<Pending>,
     /// The client finished sending (or its stream failed): answer what is queued, then end.
     input_done: bool,
+    /// Why the request stream failed, if it did (a message over the size limit, one that
+    /// does not decode, ...): the call ends with this status once the queued requests are
+    /// answered.
+    input_error: Option<Status>,
 }
 
 /// Handles the requests of one call in order, each exactly like `Append`, pipelined.
@@ -57,6 +65,7 @@ pub fn serve(
         shutdown,
         in_flight: VecDeque::new(),
         input_done: false,
+        input_error: None,
     };
     Box::pin(futures_util::stream::unfold(Some(call), next_answer))
 }
@@ -105,7 +114,7 @@ async fn next_answer(
     let mut call = call?;
     loop {
         if call.input_done && call.in_flight.is_empty() {
-            return None;
+            return call.input_error.take().map(|status| (Err(status), None));
         }
         let can_read = !call.input_done && call.in_flight.len() < IN_FLIGHT_MAX;
         tokio::select! {
@@ -133,8 +142,9 @@ async fn next_answer(
                 }
                 Ok(None) => call.input_done = true,
                 Err(status) => {
-                    tracing::debug!(error = %status, "AppendStream: client stream failed");
+                    tracing::debug!(error = %status, "AppendStream: request stream failed");
                     call.input_done = true;
+                    call.input_error = Some(status);
                 }
             },
         }

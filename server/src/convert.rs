@@ -52,6 +52,12 @@ pub fn batch_write(item: pb::BatchItem) -> Result<engine::BatchWrite, Status> {
             expected_next_seq: r.expected_next_seq,
             events: new_events(r.events)?,
         })),
+        Some(pb::batch_item::Item::Open(r)) => Ok(engine::BatchWrite::Open(engine::OpenStream {
+            session: required_str("session", r.session)?,
+            epoch: required_id("epoch", r.epoch)?,
+            correlation: r.correlation,
+            lease_ms: r.lease_ms,
+        })),
         Some(pb::batch_item::Item::Complete(r)) => Ok(engine::BatchWrite::Complete {
             session: required_str("session", r.session)?,
             stream: required_id("stream", r.stream)?,
@@ -61,7 +67,7 @@ pub fn batch_write(item: pb::BatchItem) -> Result<engine::BatchWrite, Status> {
             })?,
         }),
         None => Err(Status::invalid_argument(
-            "item is required: an append or a complete",
+            "item is required: an append, a complete or an open",
         )),
     }
 }
@@ -86,6 +92,13 @@ pub fn batch_written(w: &engine::BatchWritten) -> pb::BatchResult {
     let result = match w {
         engine::BatchWritten::Appended(a) => pb::batch_result::Result::Appended(appended(a)),
         engine::BatchWritten::Completed(t) => pb::batch_result::Result::Completed(terminated(t)),
+        engine::BatchWritten::Opened(s) => {
+            pb::batch_result::Result::Opened(pb::OpenStreamResponse {
+                stream: s.stream,
+                epoch: s.epoch,
+                start_event_id: Cursor::new(s.epoch, s.stream, 0).to_string(),
+            })
+        }
     };
     pb::BatchResult {
         result: Some(result),

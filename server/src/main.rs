@@ -18,18 +18,28 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod admin;
 mod append_stream;
+mod args;
+mod auth;
 mod convert;
+mod exposure;
+mod fault;
+mod frame_limit;
+mod logging;
 mod metrics;
+mod metrics_http;
+mod read_slots;
+mod reader;
 mod serve;
 mod service;
 mod status;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
-use cursorlog_engine::SyncPolicy;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+pub use args::{LogFormat, ServeArgs};
 
 /// Durable event log and resumption-cursor oracle for MCP Streamable-HTTP front-ends.
 #[derive(Debug, Parser)]
@@ -72,71 +82,14 @@ enum Command {
     },
 }
 
-/// Options of `cursorlog serve`.
-#[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
-    /// Data directory (created if missing).
-    #[arg(long, env = "CURSORLOG_DATA_DIR", default_value = "./cursorlog-data")]
-    pub data_dir: PathBuf,
-    /// gRPC listen address; port 0 picks a free port (printed on stdout).
-    #[arg(long, env = "CURSORLOG_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
-    /// Durability of acknowledged appends: `always` (fdatasync before every ack),
-    /// `interval:<ms>` (bounded loss window on power failure) or `never`.
-    #[arg(long, env = "CURSORLOG_SYNC", default_value = "always")]
-    pub sync: SyncPolicy,
-    /// Seal a segment and start a new one at this many bytes [default: 64 MiB].
-    #[arg(long, env = "CURSORLOG_SEGMENT_BYTES")]
-    pub segment_bytes: Option<u64>,
-    /// Largest accepted event payload in bytes [default: 1 MiB].
-    #[arg(long, env = "CURSORLOG_PAYLOAD_BYTES_MAX")]
-    pub payload_bytes_max: Option<u32>,
-    /// Most events accepted in one append [default: 1024].
-    #[arg(long, env = "CURSORLOG_BATCH_EVENTS_MAX")]
-    pub batch_events_max: Option<u32>,
-    /// Evict events older than this many seconds (whole segments at a time).
-    #[arg(long, env = "CURSORLOG_RETENTION_MAX_AGE_SECS")]
-    pub retention_max_age_secs: Option<u64>,
-    /// Keep the log below this many bytes by evicting the oldest segments.
-    #[arg(long, env = "CURSORLOG_RETENTION_MAX_BYTES")]
-    pub retention_max_bytes: Option<u64>,
-    /// Keep at most this many of each stream's newest events.
-    #[arg(long, env = "CURSORLOG_RETENTION_MAX_EVENTS_PER_STREAM")]
-    pub retention_max_events_per_stream: Option<u64>,
-    /// Remember terminated streams and expired sessions this many seconds after they ended,
-    /// so late cursors get STREAM_TERMINATED / CURSOR_EVICTED [default: 86400].
-    #[arg(long, env = "CURSORLOG_METADATA_HORIZON_SECS")]
-    pub metadata_horizon_secs: Option<u64>,
-    /// Run the background retention pass this often, in milliseconds [default: 10000].
-    #[arg(long, env = "CURSORLOG_RETENTION_CHECK_INTERVAL_MS")]
-    pub retention_check_interval_ms: Option<u64>,
-    /// Serve Prometheus text metrics over plain HTTP on this address.
-    #[arg(long, env = "CURSORLOG_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
-    /// Require `authorization: Bearer <token>` on every cursorlog RPC (health and reflection
-    /// stay open).
-    #[arg(long, env = "CURSORLOG_AUTH_TOKEN", hide_env_values = true)]
-    pub auth_token: Option<String>,
-    /// Allow listening on a non-loopback address without an auth token.
-    #[arg(long, env = "CURSORLOG_ALLOW_INSECURE_NON_LOOPBACK")]
-    pub allow_insecure_non_loopback: bool,
-    /// PEM certificate chain for TLS (needs --tls-key).
-    #[arg(long, env = "CURSORLOG_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key for TLS (needs --tls-cert).
-    #[arg(long, env = "CURSORLOG_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// Largest gRPC message accepted or sent, in bytes; must exceed the payload limit.
-    #[arg(long, env = "CURSORLOG_GRPC_MESSAGE_BYTES_MAX", default_value_t = 16 * 1024 * 1024)]
-    pub grpc_message_bytes_max: usize,
-    /// On SIGINT/SIGTERM, wait at most this many seconds for in-flight calls to finish.
-    #[arg(long, env = "CURSORLOG_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
-    pub shutdown_grace_secs: u64,
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
+    let cli = parse_cli();
+    let log_format = match &cli.command {
+        Some(Command::Serve(args)) => args.log_format,
+        Some(_) => LogFormat::Text,
+        None => cli.serve.log_format,
+    };
+    logging::init(log_format);
     match cli.command {
         None => serve::run(cli.serve),
         Some(Command::Serve(args)) => serve::run(*args),
@@ -152,20 +105,36 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+/// Parses argv (exiting with clap's message on error).
+fn parse_cli() -> Cli {
+    parse_cli_from(std::env::args_os()).unwrap_or_else(|err| err.exit())
+}
+
+/// Parses `argv` and records whether `--auth-token` came from it (where other users of the
+/// machine can read it in `ps`) rather than from `CURSORLOG_AUTH_TOKEN`.
+fn parse_cli_from<I, T>(argv: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = Cli::command().try_get_matches_from(argv)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    let (serve_matches, args) = match &mut cli.command {
+        Some(Command::Serve(args)) => (matches.subcommand_matches("serve"), &mut **args),
+        Some(_) => return Ok(cli),
+        None => (Some(&matches), &mut cli.serve),
+    };
+    args.auth_token_on_argv = serve_matches
+        .and_then(|m| m.value_source("auth_token"))
+        .is_some_and(|source| source == ValueSource::CommandLine);
+    Ok(cli)
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use clap::CommandFactory;
+    use cursorlog_engine::SyncPolicy;
 
     #[test]
     fn cli_is_well_formed() {
@@ -201,5 +170,50 @@ mod tests {
         assert_eq!(args.retention_max_events_per_stream, Some(100));
         assert!(Cli::try_parse_from(["cursorlog", "--sync", "sometimes"]).is_err());
         assert!(Cli::try_parse_from(["cursorlog", "--tls-cert", "c.pem"]).is_err());
+    }
+
+    #[test]
+    fn a_token_on_argv_is_noticed() {
+        let cli = parse_cli_from(["cursorlog", "--auth-token", "t"]).unwrap();
+        assert!(cli.serve.auth_token_on_argv);
+        let cli = parse_cli_from(["cursorlog", "serve", "--auth-token", "t"]).unwrap();
+        let Some(Command::Serve(args)) = cli.command else {
+            panic!("expected serve")
+        };
+        assert!(args.auth_token_on_argv);
+        let cli = parse_cli_from(["cursorlog", "serve"]).unwrap();
+        let Some(Command::Serve(args)) = cli.command else {
+            panic!("expected serve")
+        };
+        assert!(!args.auth_token_on_argv);
+        let dir = "/nonexistent";
+        assert!(
+            parse_cli_from(["cursorlog", "--auth-token", "t", "--auth-token-file", dir]).is_err()
+        );
+    }
+
+    #[test]
+    fn the_fault_flag_is_hidden_and_new_flags_parse() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(
+            !help.contains("--fault"),
+            "the fault flag must not be in --help"
+        );
+        assert!(help.contains("--read-calls-max") && help.contains("--session-idle-ttl-secs"));
+        let cli = parse_cli_from([
+            "cursorlog",
+            "--fault-fail-fsync-after",
+            "3",
+            "--read-calls-max",
+            "7",
+            "--log-format",
+            "json",
+        ])
+        .unwrap();
+        assert_eq!(cli.serve.fault_fail_fsync_after, Some(3));
+        assert_eq!(cli.serve.read_calls_max, 7);
+        assert_eq!(cli.serve.log_format, LogFormat::Json);
+        assert!(parse_cli_from(["cursorlog", "--read-calls-max", "0"]).is_err());
+        assert!(parse_cli_from(["cursorlog", "--fault-fail-fsync-after", "0"]).is_err());
     }
 }

@@ -1,25 +1,35 @@
-//! Prometheus text metrics: server-side counters plus the engine's own statistics, served over
-//! plain HTTP/1.1 by a deliberately tiny responder (`GET` any path → the metrics page).
+//! Prometheus text metrics: server-side counters plus the engine's own statistics (served
+//! over HTTP by [`crate::metrics_http`]).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use cursorlog_engine::{Engine, Stats, Verdict};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use cursorlog_engine::{Stats, Verdict};
+
+use crate::read_slots::ReadSlots;
 
 /// Counters the server keeps itself (the engine keeps the storage ones).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     verdicts: [AtomicU64; Verdict::ALL.len()],
     active_followers: AtomicU64,
     follows_started: AtomicU64,
-    active_reads: AtomicU64,
+    /// The Read call slots (active and refused calls).
+    pub reads: Arc<ReadSlots>,
 }
 
 impl Metrics {
+    /// Counters for a server admitting `read_calls_max` concurrent Read calls.
+    pub fn new(read_calls_max: u32) -> Self {
+        Self {
+            verdicts: Default::default(),
+            active_followers: AtomicU64::new(0),
+            follows_started: AtomicU64::new(0),
+            reads: ReadSlots::new(read_calls_max),
+        }
+    }
+
     /// Counts one verdict handed out (by Resolve or Read).
     pub fn record_verdict(&self, verdict: Verdict) {
         if let Some(counter) = Verdict::ALL
@@ -43,19 +53,6 @@ impl Metrics {
     /// Read calls currently following a stream live.
     pub fn active_followers(&self) -> u64 {
         self.active_followers.load(Ordering::Relaxed)
-    }
-
-    /// Read calls running now (replaying or following).
-    pub fn active_reads(&self) -> u64 {
-        self.active_reads.load(Ordering::Relaxed)
-    }
-
-    /// Counts a running Read call until the guard is dropped.
-    pub fn read_call(self: &Arc<Self>) -> ReadGuard {
-        self.active_reads.fetch_add(1, Ordering::Relaxed);
-        ReadGuard {
-            metrics: Arc::clone(self),
-        }
     }
 
     /// Registers a live follower until the guard is dropped.
@@ -160,6 +157,80 @@ impl Metrics {
             "Read calls that started following a stream live.",
             self.follows_started.load(Ordering::Relaxed),
         );
+        metric(
+            "cursorlog_active_reads",
+            "gauge",
+            "Read calls running now (replaying or following), of cursorlog_read_calls_max.",
+            self.reads.active(),
+        );
+        metric(
+            "cursorlog_read_calls_max",
+            "gauge",
+            "Most Read calls admitted at once (--read-calls-max).",
+            self.reads.max(),
+        );
+        metric(
+            "cursorlog_read_calls_refused_total",
+            "counter",
+            "Read calls refused with RESOURCE_EXHAUSTED because --read-calls-max were running.",
+            self.reads.refused(),
+        );
+        metric(
+            "cursorlog_poisoned",
+            "gauge",
+            "1 once a failed write or fsync made the engine refuse every write: restart cursorlog.",
+            u64::from(stats.poisoned),
+        );
+        metric(
+            "cursorlog_live_sessions",
+            "gauge",
+            "Sessions not expired, of cursorlog_sessions.",
+            stats.live_sessions,
+        );
+        metric(
+            "cursorlog_open_streams",
+            "gauge",
+            "Streams in state OPEN, of cursorlog_streams.",
+            stats.open_streams,
+        );
+        metric(
+            "cursorlog_sessions_expired_idle_total",
+            "counter",
+            "Sessions expired after their idle TTL since start.",
+            stats.sessions_expired_idle,
+        );
+        metric(
+            "cursorlog_appends_refused_low_disk_total",
+            "counter",
+            "Appends refused because free disk space was below the reserve, since start.",
+            stats.appends_refused_low_disk,
+        );
+        metric(
+            "cursorlog_segment_descriptors",
+            "gauge",
+            "Segment files holding an open file descriptor.",
+            stats.segment_descriptors,
+        );
+        metric(
+            "cursorlog_followed_streams",
+            "gauge",
+            "Streams with at least one live follower.",
+            stats.followed_streams,
+        );
+        metric(
+            "cursorlog_writer_queue_bytes",
+            "gauge",
+            "Bytes of requests queued for the writer (and in its current group).",
+            stats.writer_queue_bytes,
+        );
+        if let Some(free) = stats.disk_free_bytes {
+            metric(
+                "cursorlog_disk_free_bytes",
+                "gauge",
+                "Free bytes on the data directory's file system at the last check.",
+                free,
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP cursorlog_verdicts_total Resolve verdicts handed out, by verdict.\n\
@@ -190,63 +261,14 @@ impl Drop for FollowerGuard {
     }
 }
 
-/// Counts a running Read call (see [`Metrics::read_call`]).
-#[derive(Debug)]
-pub struct ReadGuard {
-    metrics: Arc<Metrics>,
-}
-
-impl Drop for ReadGuard {
-    fn drop(&mut self) {
-        self.metrics.active_reads.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Serves the metrics page on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, engine: Engine, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((mut socket, peer)) = listener.accept().await else {
-            continue;
-        };
-        let engine = engine.clone();
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            // Read (and ignore) the request head; give up on slow or oversized requests.
-            let mut head = [0_u8; 4096];
-            let read = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut head)).await;
-            if !matches!(read, Ok(Ok(n)) if n > 0) {
-                return;
-            }
-            let stats = tokio::task::spawn_blocking(move || engine.stats()).await;
-            let response = match stats {
-                Ok(Ok(stats)) => {
-                    let body = metrics.render(&stats);
-                    format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n\
-                         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                }
-                Ok(Err(err)) => {
-                    tracing::warn!(%peer, error = %err, "metrics: engine stats failed");
-                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                        .to_owned()
-                }
-                Err(_) => return,
-            };
-            let _ = socket.write_all(response.as_bytes()).await;
-            let _ = socket.shutdown().await;
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
     fn renders_counters_and_verdicts() {
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new(4));
         metrics.record_verdict(Verdict::StreamTerminated);
         metrics.record_verdict(Verdict::StreamTerminated);
         metrics.record_verdict(Verdict::Resumable);
@@ -265,6 +287,17 @@ mod tests {
         assert!(text.contains("cursorlog_verdicts_total{verdict=\"STREAM_TERMINATED\"} 2\n"));
         assert!(text.contains("cursorlog_verdicts_total{verdict=\"RESUMABLE\"} 1\n"));
         assert!(text.contains("cursorlog_active_followers 1\n"));
+        assert!(text.contains("cursorlog_poisoned 0\n"), "{text}");
+        let slot = metrics.reads.acquire().unwrap();
+        let poisoned = Stats {
+            poisoned: true,
+            ..Stats::default()
+        };
+        let text = metrics.render(&poisoned);
+        assert!(text.contains("cursorlog_poisoned 1\n"), "{text}");
+        assert!(text.contains("cursorlog_active_reads 1\n"), "{text}");
+        assert!(text.contains("cursorlog_read_calls_max 4\n"), "{text}");
+        drop(slot);
         drop(guard);
         assert_eq!(metrics.active_followers(), 0);
     }

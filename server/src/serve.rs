@@ -3,7 +3,11 @@
 //!
 //! Shutdown order: mark health NOT_SERVING, end live followers, stop accepting connections and
 //! wait (up to the grace period) for in-flight calls, then close the engine, which drains the
-//! writer and syncs. Exit status 0 means the engine closed cleanly.
+//! writer and syncs. Exit status 0 means the engine closed cleanly; a poisoned engine (a
+//! failed write or fsync) makes the exit status 1, so a supervisor restarts the server.
+//!
+//! A poisoned engine also turns health NOT_SERVING at once (overall and for
+//! `cursorlog.v1.CursorLog`), sets `cursorlog_poisoned 1` and logs what to do.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -14,12 +18,20 @@ use cursorlog_engine::{Config, Engine};
 use cursorlog_proto::v1::cursor_log_server::CursorLogServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::server::NamedService;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Status};
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 
-use crate::metrics::{self, Metrics};
+use crate::auth::BearerToken;
+use crate::exposure;
+use crate::fault::FailFsyncAfter;
+use crate::frame_limit::FrameLimit;
+use crate::metrics::Metrics;
+use crate::metrics_http;
 use crate::service::CursorLogService;
 use crate::ServeArgs;
 
@@ -61,6 +73,22 @@ fn engine_config(args: &ServeArgs) -> Config {
     if let Some(n) = args.batch_events_max {
         config.batch_events_max = n;
     }
+    if let Some(n) = args.disk_reserve_bytes {
+        config.disk_reserve_bytes = n;
+    }
+    if let Some(n) = args.index_cache_bytes {
+        config.index_cache_bytes = n;
+    }
+    if let Some(n) = args.writer_queue_bytes_max {
+        config.writer_queue_bytes_max = n;
+    }
+    if let Some(n) = args.open_streams_per_session_max {
+        config.open_streams_per_session_max = n;
+    }
+    config.session_idle_ttl = match args.session_idle_ttl_secs {
+        0 => None,
+        secs => Some(Duration::from_secs(secs)),
+    };
     let retention = &mut config.retention;
     retention.max_age = args.retention_max_age_secs.map(Duration::from_secs);
     retention.max_total_bytes = args.retention_max_bytes;
@@ -74,21 +102,8 @@ fn engine_config(args: &ServeArgs) -> Config {
     config
 }
 
-/// Refuses configurations that would be unsafe or cannot work.
-fn check_args(args: &ServeArgs, config: &Config) -> Result<(), String> {
-    if !args.listen.ip().is_loopback()
-        && args.auth_token.is_none()
-        && !args.allow_insecure_non_loopback
-    {
-        return Err(format!(
-            "refusing to listen on non-loopback address {} without --auth-token \
-             (pass --allow-insecure-non-loopback to override)",
-            args.listen
-        ));
-    }
-    if args.auth_token.as_deref() == Some("") {
-        return Err("--auth-token must not be empty".into());
-    }
+/// Refuses limits that cannot work together.
+fn check_limits(args: &ServeArgs, config: &Config) -> Result<(), String> {
     let payload_bytes = usize::try_from(config.payload_bytes_max).unwrap_or(usize::MAX);
     if args.grpc_message_bytes_max < payload_bytes.saturating_add(MESSAGE_OVERHEAD_BYTES) {
         return Err(format!(
@@ -100,27 +115,71 @@ fn check_args(args: &ServeArgs, config: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks `authorization: Bearer <token>` in constant time with respect to the token's bytes.
-fn check_bearer(expected: Option<&str>, request: &Request<()>) -> Result<(), Status> {
+/// The interceptor's check: `authorization: Bearer <token>` when a token is configured.
+fn check_bearer(expected: Option<&BearerToken>, request: &Request<()>) -> Result<(), Status> {
     let Some(expected) = expected else {
         return Ok(());
     };
-    let given = request
+    let header = request
         .metadata()
         .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| Status::unauthenticated("authorization: Bearer <token> is required"))?;
-    let same_len = given.len() == expected.len();
-    let diff = given
-        .bytes()
-        .zip(expected.bytes())
-        .fold(0_u8, |acc, (a, b)| acc | (a ^ b));
-    if same_len && diff == 0 {
-        Ok(())
-    } else {
-        Err(Status::unauthenticated("bearer token is not valid"))
+        .map(|v| v.as_bytes());
+    expected
+        .check_header(header)
+        .map_err(|failure| Status::unauthenticated(failure.to_string()))
+}
+
+/// Flips health to NOT_SERVING the moment the engine is poisoned, and says what to do.
+async fn watch_poison(mut poisoned: watch::Receiver<bool>, health: HealthReporter) {
+    if poisoned.wait_for(|p| *p).await.is_err() {
+        return; // The engine is gone: shutting down.
     }
+    set_health(&health, ServingStatus::NotServing).await;
+    tracing::error!(
+        "the storage engine is POISONED: a write or fsync failed, so every write is refused \
+         (UNAVAILABLE) and health is NOT_SERVING. Check the disk (dmesg, SMART, free space), \
+         then restart cursorlog: recovery repairs the log, and everything acknowledged before \
+         the failure is kept. The process exits non-zero on SIGTERM so a supervisor restarts it"
+    );
+}
+
+/// Sets the overall health and the cursorlog service's.
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <CursorLogServer<CursorLogService> as NamedService>::NAME,
+            status,
+        )
+        .await;
+}
+
+/// Ends every open health `Watch` call (after it delivers NOT_SERVING): they never end on
+/// their own, and would hold the shutdown for the whole grace period.
+async fn end_health_watches(mut health: HealthReporter) {
+    health.clear_service_status("").await;
+    health
+        .clear_service_status(<CursorLogServer<CursorLogService> as NamedService>::NAME)
+        .await;
+}
+
+/// Opens the engine (on the blocking pool: recovery reads the whole log).
+async fn open_engine(args: &ServeArgs, config: Config) -> Result<Engine, String> {
+    let data_dir = config.dir.clone();
+    let fault = args.fault_fail_fsync_after;
+    if let Some(n) = fault {
+        tracing::warn!(
+            "TEST ONLY: --fault-fail-fsync-after {n}: fdatasync number {n} will fail with EIO \
+             and poison the engine. Never use this flag in production"
+        );
+    }
+    tokio::task::spawn_blocking(move || match fault {
+        Some(n) => Engine::open_with_fs(config, Arc::new(FailFsyncAfter::new(n))),
+        None => Engine::open(config),
+    })
+    .await
+    .map_err(|e| format!("opening the data directory panicked: {e}"))?
+    .map_err(|e| format!("cannot open data directory {}: {e}", data_dir.display()))
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -136,7 +195,11 @@ async fn shutdown_signal() -> Result<&'static str, String> {
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
     let config = engine_config(&args);
-    check_args(&args, &config)?;
+    check_limits(&args, &config)?;
+    let exposure = exposure::check(&args).map_err(|e| e.to_string())?;
+    for warning in &exposure.warnings {
+        tracing::warn!("{warning}");
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             let cert = std::fs::read(cert)
@@ -150,11 +213,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     // Install the signal handlers before anything slow, so an early SIGTERM is not fatal.
     let signal = tokio::spawn(shutdown_signal());
 
-    let data_dir = config.dir.clone();
-    let engine = tokio::task::spawn_blocking(move || Engine::open(config))
-        .await
-        .map_err(|e| format!("opening the data directory panicked: {e}"))?
-        .map_err(|e| format!("cannot open data directory {}: {e}", data_dir.display()))?;
+    let engine = open_engine(&args, config).await?;
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
@@ -162,7 +221,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("listen address: {e}"))?;
 
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new(args.read_calls_max));
     let metrics_task = match args.metrics_listen {
         Some(addr) => {
             let l = TcpListener::bind(addr)
@@ -171,12 +230,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             let bound = l
                 .local_addr()
                 .map_err(|e| format!("metrics address: {e}"))?;
-            tracing::info!("metrics on http://{bound}/metrics");
+            tracing::info!(
+                auth = exposure.metrics_token.is_some(),
+                "metrics on http://{bound}/metrics"
+            );
             println!("metrics listening on {bound}");
-            Some(tokio::spawn(metrics::serve(
+            Some(tokio::spawn(metrics_http::serve(
                 l,
                 engine.clone(),
                 Arc::clone(&metrics),
+                exposure.metrics_token.clone(),
             )))
         }
         None => None,
@@ -192,14 +255,15 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let cursorlog = CursorLogServer::new(service)
         .max_decoding_message_size(args.grpc_message_bytes_max)
         .max_encoding_message_size(args.grpc_message_bytes_max);
-    let token = args.auth_token.clone();
+    // Over-limit requests are RESOURCE_EXHAUSTED (tonic's own check says OUT_OF_RANGE).
+    let cursorlog = FrameLimit::new(cursorlog, args.grpc_message_bytes_max);
+    let token = exposure.token.clone();
     let cursorlog = InterceptedService::new(cursorlog, move |request: Request<()>| {
-        check_bearer(token.as_deref(), &request).map(|()| request)
+        check_bearer(token.as_ref(), &request).map(|()| request)
     });
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<CursorLogServer<CursorLogService>>()
-        .await;
+    set_health(&health_reporter, ServingStatus::Serving).await;
+    let poison_task = tokio::spawn(watch_poison(engine.poison_watch(), health_reporter.clone()));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(cursorlog_proto::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -232,7 +296,10 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         data_dir = %args.data_dir.display(),
         sync = %args.sync,
         tls = args.tls_cert.is_some(),
-        auth = args.auth_token.is_some(),
+        auth = exposure.token.is_some(),
+        token_from = exposure.origin.as_ref().map(ToString::to_string),
+        read_calls_max = args.read_calls_max,
+        session_idle_ttl_secs = args.session_idle_ttl_secs,
         "cursorlog {} serving data dir {}; recovery: {}; listening on {local}",
         env!("CARGO_PKG_VERSION"),
         args.data_dir.display(),
@@ -257,9 +324,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         },
     };
 
-    health_reporter
-        .set_not_serving::<CursorLogServer<CursorLogService>>()
-        .await;
+    poison_task.abort();
+    set_health(&health_reporter, ServingStatus::NotServing).await;
+    end_health_watches(health_reporter).await;
     let _ = shutdown_tx.send(true);
     if !server.is_finished() {
         let grace = Duration::from_secs(args.shutdown_grace_secs);
@@ -284,6 +351,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             tracing::info!("engine closed cleanly; bye");
             Ok(())
         }
+        (Err(cursorlog_engine::Error::Poisoned), _) => Err(
+            "the engine was poisoned by a failed write or fsync: exiting with status 1 so a \
+             supervisor restarts cursorlog; recovery repairs the log on the next start"
+                .to_owned(),
+        ),
         (Err(err), _) => Err(format!("closing the engine failed: {err}")),
         (Ok(()), Err(err)) => Err(err),
     }
@@ -293,6 +365,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::auth::TokenOrigin;
     use clap::Parser;
 
     fn args(extra: &[&str]) -> ServeArgs {
@@ -307,19 +380,6 @@ mod tests {
     }
 
     #[test]
-    fn non_loopback_needs_a_token_or_an_override() {
-        let a = args(&["--listen", "0.0.0.0:1"]);
-        let err = check_args(&a, &engine_config(&a)).unwrap_err();
-        assert!(err.contains("--auth-token"), "{err}");
-        let a = args(&["--listen", "0.0.0.0:1", "--auth-token", "t"]);
-        assert!(check_args(&a, &engine_config(&a)).is_ok());
-        let a = args(&["--listen", "0.0.0.0:1", "--allow-insecure-non-loopback"]);
-        assert!(check_args(&a, &engine_config(&a)).is_ok());
-        let a = args(&["--listen", "[::1]:1"]);
-        assert!(check_args(&a, &engine_config(&a)).is_ok());
-    }
-
-    #[test]
     fn message_limit_must_fit_a_payload() {
         let a = args(&[
             "--payload-bytes-max",
@@ -327,7 +387,9 @@ mod tests {
             "--grpc-message-bytes-max",
             "1048576",
         ]);
-        assert!(check_args(&a, &engine_config(&a)).is_err());
+        assert!(check_limits(&a, &engine_config(&a)).is_err());
+        let a = args(&["--payload-bytes-max", "1048576"]);
+        assert!(check_limits(&a, &engine_config(&a)).is_ok());
     }
 
     #[test]
@@ -347,20 +409,43 @@ mod tests {
         assert_eq!(c.retention.max_age, Some(Duration::from_secs(60)));
         assert_eq!(c.retention.metadata_horizon, Duration::from_secs(5));
         assert_eq!(c.sync, cursorlog_engine::SyncPolicy::Never);
+        assert_eq!(c.session_idle_ttl, Some(Duration::from_secs(3600)));
+        let defaults = Config::new("x");
+        assert_eq!(c.disk_reserve_bytes, defaults.disk_reserve_bytes);
+        assert_eq!(c.index_cache_bytes, defaults.index_cache_bytes);
+        let c = engine_config(&args(&[
+            "--disk-reserve-bytes",
+            "0",
+            "--index-cache-bytes",
+            "1048576",
+            "--writer-queue-bytes-max",
+            "2097152",
+            "--open-streams-per-session-max",
+            "8",
+        ]));
+        assert_eq!(c.disk_reserve_bytes, 0, "0 disables the reserve");
+        assert_eq!(c.index_cache_bytes, 1 << 20);
+        assert_eq!(c.writer_queue_bytes_max, 2 << 20);
+        assert_eq!(c.open_streams_per_session_max, 8);
+        let c = engine_config(&args(&["--session-idle-ttl-secs", "0"]));
+        assert_eq!(c.session_idle_ttl, None, "0 never expires idle sessions");
+        let c = engine_config(&args(&["--session-idle-ttl-secs", "90"]));
+        assert_eq!(c.session_idle_ttl, Some(Duration::from_secs(90)));
     }
 
     #[test]
     fn bearer_tokens_are_checked() {
+        let token = BearerToken::new("s3cret", &TokenOrigin::Env).unwrap();
         let mut ok = Request::new(());
         ok.metadata_mut()
             .insert("authorization", "Bearer s3cret".parse().unwrap());
-        assert!(check_bearer(Some("s3cret"), &ok).is_ok());
+        assert!(check_bearer(Some(&token), &ok).is_ok());
         let mut bad = Request::new(());
         bad.metadata_mut()
             .insert("authorization", "Bearer s3cres".parse().unwrap());
-        let err = check_bearer(Some("s3cret"), &bad).unwrap_err();
+        let err = check_bearer(Some(&token), &bad).unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unauthenticated);
-        assert!(check_bearer(Some("s3cret"), &Request::new(())).is_err());
+        assert!(check_bearer(Some(&token), &Request::new(())).is_err());
         assert!(check_bearer(None, &Request::new(())).is_ok());
     }
 }

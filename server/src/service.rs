@@ -9,7 +9,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cursorlog_engine::{self as engine, Cursor, Engine, Verdict};
+use cursorlog_engine::{self as engine, Cursor, Engine};
 use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::cursor_log_server::CursorLog;
 use tokio::sync::{mpsc, watch};
@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::append_stream;
 use crate::convert;
 use crate::metrics::Metrics;
+use crate::reader::Reader;
 use crate::status;
 
 /// Messages buffered per Read call before the producer waits for the client.
@@ -68,7 +69,7 @@ impl CursorLogService {
     }
 }
 
-async fn run_blocking<T, F>(engine: &Engine, f: F) -> Result<T, Status>
+pub(crate) async fn run_blocking<T, F>(engine: &Engine, f: F) -> Result<T, Status>
 where
     F: FnOnce(&Engine) -> engine::Result<T> + Send + 'static,
     T: Send + 'static,
@@ -80,7 +81,7 @@ where
 
 /// Runs an engine call on the blocking pool; the engine's own error is kept for the caller
 /// to inspect (the outer error is a panic).
-async fn run_engine<T, F>(engine: &Engine, f: F) -> Result<engine::Result<T>, Status>
+pub(crate) async fn run_engine<T, F>(engine: &Engine, f: F) -> Result<engine::Result<T>, Status>
 where
     F: FnOnce(&Engine) -> engine::Result<T> + Send + 'static,
     T: Send + 'static,
@@ -360,6 +361,8 @@ impl CursorLog for CursorLogService {
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
+        // Admitted or refused before any work: a call over the cap never waits.
+        let slot = self.metrics.reads.acquire()?;
         let r = request.into_inner();
         let session = convert::required_str("session", r.session)?;
         let batch_events_max = match r.batch_events_max {
@@ -377,6 +380,7 @@ impl CursorLog for CursorLogService {
         self.metrics.record_verdict(resolution.verdict);
         let (tx, rx) = mpsc::channel(READ_CHANNEL_DEPTH);
         let reader = Reader {
+            _slot: slot,
             engine: self.engine.clone(),
             metrics: Arc::clone(&self.metrics),
             shutdown: self.shutdown.clone(),
@@ -432,277 +436,12 @@ impl CursorLog for CursorLogService {
         Ok(Response::new(convert::stats(
             &stats,
             self.metrics.active_followers(),
-            self.metrics.active_reads(),
+            self.metrics.reads.active(),
         )))
     }
-}
-
-/// The producer side of one Read call: replays, then optionally follows, pushing messages
-/// into a bounded channel. It stops as soon as a send fails (the client has gone), the client
-/// disconnects while it waits, or the server shuts down.
-struct Reader {
-    engine: Engine,
-    metrics: Arc<Metrics>,
-    shutdown: watch::Receiver<bool>,
-    tx: mpsc::Sender<Result<pb::ReadResponse, Status>>,
-    session: String,
-    batch_events_max: u32,
-    batch_bytes_max: usize,
 }
 
 /// Resolves once the server starts shutting down (or the shutdown signal is gone).
 pub(crate) async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|down| *down).await;
-}
-
-/// Why a Read producer stopped early.
-enum Stop {
-    /// The client went away; nothing more can be sent.
-    ClientGone,
-}
-
-impl Reader {
-    async fn run(mut self, resolution: engine::Resolution, follow: bool, resume_own: bool) {
-        let _active = self.metrics.read_call();
-        let first = pb::read_response::Item::Resolution(convert::resolution(&resolution));
-        if self.send(Ok(first)).await.is_err() {
-            return;
-        }
-        let Some(cursor) = resolution.cursor else {
-            return;
-        };
-        // What the verdict delivers: RESUMABLE always; to a client resuming its own stream,
-        // also the missed end of a finished stream and the retained rest of an evicted one.
-        let follow = match resolution.verdict {
-            Verdict::Resumable => follow,
-            Verdict::StreamTerminated if resume_own && resolution.missed_terminal_frame() => false,
-            Verdict::CursorEvicted if resume_own => follow,
-            _ => return,
-        };
-        if let Err(Stop::ClientGone) = self.replay_and_follow(cursor, follow, resume_own).await {
-            tracing::debug!(stream = cursor.stream, "read: client went away");
-        }
-    }
-
-    /// Replays from `cursor` until caught up, then (with `follow`) delivers live events until
-    /// the stream ends. With `resume_own`, evicted events on the way are reported as a gap
-    /// and delivery goes on after them.
-    async fn replay_and_follow(
-        &mut self,
-        cursor: Cursor,
-        follow: bool,
-        resume_own: bool,
-    ) -> Result<(), Stop> {
-        let Cursor {
-            epoch,
-            stream,
-            seq: mut after,
-        } = cursor;
-        'deliver: loop {
-            // Replay what is stored, in bounded reads, until caught up with the head.
-            loop {
-                let session = self.session.clone();
-                let max = self.batch_events_max;
-                let read = run_engine(&self.engine, move |e| e.read(&session, stream, after, max));
-                let batch = match read.await {
-                    Ok(Ok(batch)) => batch,
-                    Ok(Err(engine::Error::Evicted { watermark, .. })) if resume_own => {
-                        after = self.skip_gap(epoch, stream, after, watermark).await?;
-                        continue;
-                    }
-                    Ok(Err(err)) => return self.send(Err(status::from_engine(&err))).await,
-                    Err(status) => return self.send(Err(status)).await,
-                };
-                let caught_up = batch.events.is_empty()
-                    || batch.events.last().is_some_and(|e| e.seq >= batch.head);
-                if let Some(last) = batch.events.last() {
-                    after = last.seq;
-                }
-                self.send_events(epoch, batch.events).await?;
-                if batch.end_of_stream {
-                    return self.send_end(epoch, stream, after).await;
-                }
-                if caught_up {
-                    break;
-                }
-            }
-            if !follow {
-                return Ok(());
-            }
-            let _guard = self.metrics.follower();
-            let session = self.session.clone();
-            let follower = run_blocking(&self.engine, move |e| e.follow(&session, stream, after));
-            let mut follower = match follower.await {
-                Ok(f) => f,
-                Err(status) => return self.send(Err(status)).await,
-            };
-            loop {
-                // Catch up off the async workers: the read runs on the blocking pool.
-                let max = self.batch_events_max;
-                let polled = tokio::task::spawn_blocking(move || {
-                    let batch = follower.poll(max);
-                    (follower, batch)
-                })
-                .await;
-                let batch = match polled {
-                    Ok((f, batch)) => {
-                        follower = f;
-                        batch
-                    }
-                    Err(join) => {
-                        tracing::error!(error = %join, "follower read panicked");
-                        return self
-                            .send(Err(Status::internal(
-                                "follower read panicked; the server log has the details",
-                            )))
-                            .await;
-                    }
-                };
-                match batch {
-                    Ok(Some(events)) if !events.is_empty() => {
-                        if let Some(last) = events.last() {
-                            after = last.seq;
-                        }
-                        self.send_events(epoch, events).await?;
-                        continue;
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) => return self.send_end(epoch, stream, after).await,
-                    Err(engine::Error::Evicted { watermark, .. }) if resume_own => {
-                        after = self.skip_gap(epoch, stream, after, watermark).await?;
-                        continue 'deliver;
-                    }
-                    Err(engine::Error::Closed) => return self.shut_down(),
-                    Err(err) => return self.send(Err(status::from_engine(&err))).await,
-                }
-                // Nothing new: wait, at no cost, until a commit touches the stream.
-                tokio::select! {
-                    () = self.tx.closed() => return Err(Stop::ClientGone),
-                    () = shutting_down(&mut self.shutdown) => return self.shut_down(),
-                    changed = follower.changed() => {
-                        if changed.is_err() {
-                            return self.shut_down();
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The server (or the engine) is shutting down: tell the client, best effort (a client
-    /// that is not reading does not delay the shutdown).
-    fn shut_down(&self) -> Result<(), Stop> {
-        let _ = self
-            .tx
-            .try_send(Err(Status::unavailable("server is shutting down")));
-        Ok(())
-    }
-
-    /// Events `after + 1 .. watermark` were evicted: says so with a `gap`, except that a
-    /// terminal frame among them is still delivered (from the outcome: "state as truth").
-    /// Returns the seq delivery continues after.
-    async fn skip_gap(
-        &self,
-        epoch: u64,
-        stream: u64,
-        after: u64,
-        watermark: u64,
-    ) -> Result<u64, Stop> {
-        let last_gone = watermark.saturating_sub(1).max(after);
-        let session = self.session.clone();
-        let outcome = run_blocking(&self.engine, move |e| e.stream_outcome(&session, stream));
-        let frame = match outcome.await {
-            Ok(o) => o.and_then(|o| o.frame),
-            Err(status) => {
-                self.send(Err(status)).await?;
-                return Err(Stop::ClientGone);
-            }
-        };
-        let frame = frame.filter(|f| f.seq > after && f.seq <= last_gone);
-        let gap_end = frame.as_ref().map_or(last_gone, |f| f.seq - 1);
-        if gap_end > after {
-            let gap = pb::EvictedGap {
-                first_seq: after + 1,
-                last_seq: gap_end,
-            };
-            self.send(Ok(pb::read_response::Item::Gap(gap))).await?;
-        }
-        match frame {
-            Some(f) => {
-                let seq = f.seq;
-                self.send_events(epoch, vec![f]).await?;
-                Ok(seq)
-            }
-            None => Ok(last_gone),
-        }
-    }
-
-    /// Sends `events` as one or more batches, each below the message size budget.
-    async fn send_events(&self, epoch: u64, events: Vec<engine::Event>) -> Result<(), Stop> {
-        let mut batch = Vec::with_capacity(events.len());
-        let mut batch_bytes = 0_usize;
-        for event in events {
-            let bytes = convert::event_wire_bytes(&event);
-            if !batch.is_empty() && batch_bytes + bytes > self.batch_bytes_max {
-                let full = std::mem::take(&mut batch);
-                batch_bytes = 0;
-                self.send(Ok(pb::read_response::Item::Events(pb::EventBatch {
-                    events: full,
-                })))
-                .await?;
-            }
-            batch_bytes += bytes;
-            batch.push(convert::event(epoch, event));
-        }
-        if !batch.is_empty() {
-            self.send(Ok(pb::read_response::Item::Events(pb::EventBatch {
-                events: batch,
-            })))
-            .await?;
-        }
-        Ok(())
-    }
-
-    /// Sends the `end` message once the stream is terminal, with its state and reason.
-    async fn send_end(&self, epoch: u64, stream: u64, last_seq: u64) -> Result<(), Stop> {
-        // The stream's own state, whatever has happened to the session since.
-        let session = self.session.clone();
-        let read = run_blocking(&self.engine, move |e| e.read(&session, stream, last_seq, 1));
-        let batch = match read.await {
-            Ok(batch) => batch,
-            Err(status) => return self.send(Err(status)).await,
-        };
-        if !batch.state.is_terminal() {
-            return Ok(());
-        }
-        // The reason is a fact of the verdict for the stream's last event.
-        let session = self.session.clone();
-        let cursor = Cursor::new(epoch, stream, batch.head).to_string();
-        let resolved = run_blocking(&self.engine, move |e| e.resolve(&session, &cursor, None));
-        let resolution = match resolved.await {
-            Ok(r) => r,
-            Err(status) => return self.send(Err(status)).await,
-        };
-        let facts = resolution.facts;
-        let reason = match resolution.verdict {
-            Verdict::StreamTerminated => facts.detail,
-            Verdict::EpochMismatch => facts
-                .current_epoch
-                .map(|e| format!("session epoch advanced to {e}")),
-            Verdict::UnknownSession if facts.session_expired => Some("session expired".into()),
-            _ => None,
-        };
-        let end = pb::StreamEnd {
-            state: convert::stream_state(batch.state).into(),
-            terminal_seq: batch.head,
-            terminal_event_id: Cursor::new(epoch, stream, batch.head).to_string(),
-            reason,
-        };
-        self.send(Ok(pb::read_response::Item::End(end))).await
-    }
-
-    async fn send(&self, item: Result<pb::read_response::Item, Status>) -> Result<(), Stop> {
-        let message = item.map(|item| pb::ReadResponse { item: Some(item) });
-        self.tx.send(message).await.map_err(|_| Stop::ClientGone)
-    }
 }

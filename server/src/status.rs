@@ -13,13 +13,14 @@ use tonic::{Code, Status};
 /// | engine error | code |
 /// |---|---|
 /// | `InvalidArgument` | `INVALID_ARGUMENT` |
-/// | `TooLarge` | `RESOURCE_EXHAUSTED` |
+/// | `TooLarge`, `DiskFull` | `RESOURCE_EXHAUSTED` |
 /// | `UnknownSession`, `UnknownStream` | `NOT_FOUND` |
 /// | `StreamTerminated`, `StaleEpoch`, `SessionExpired`, `UnsupportedFormat` | `FAILED_PRECONDITION` |
 /// | `SeqConflict` | `ABORTED` |
 /// | `Evicted` | `OUT_OF_RANGE` |
 /// | `Corruption` | `DATA_LOSS` |
 /// | `Poisoned`, `Io`, `Index`, `Closed`, `Locked` | `UNAVAILABLE` |
+/// | `Internal` (and any variant added later) | `INTERNAL` |
 pub fn from_engine(err: &Error) -> Status {
     let (code, message) = code_and_message(err);
     if matches!(code, Code::DataLoss | Code::Unavailable | Code::Internal)
@@ -27,6 +28,8 @@ pub fn from_engine(err: &Error) -> Status {
     {
         // The full error (with paths) stays in the server log.
         tracing::error!(error = %err, code = ?code, "request failed");
+    } else if matches!(err, Error::DiskFull { .. }) {
+        tracing::warn!(error = %err, "append refused: disk below its free-space reserve");
     }
     Status::new(code, message)
 }
@@ -34,7 +37,9 @@ pub fn from_engine(err: &Error) -> Status {
 fn code_and_message(err: &Error) -> (Code, String) {
     match err {
         Error::InvalidArgument { .. } => (Code::InvalidArgument, err.to_string()),
-        Error::TooLarge { .. } => (Code::ResourceExhausted, err.to_string()),
+        Error::TooLarge { .. } | Error::DiskFull { .. } => {
+            (Code::ResourceExhausted, err.to_string())
+        }
         Error::UnknownSession => (
             Code::NotFound,
             "session not found: it was never opened or is past its metadata horizon".into(),
@@ -71,6 +76,10 @@ fn code_and_message(err: &Error) -> (Code, String) {
             Code::FailedPrecondition,
             "data directory has an unsupported on-disk format; the server log has the details"
                 .into(),
+        ),
+        Error::Internal(_) => (
+            Code::Internal,
+            "internal error (a server bug); the server log has the details".into(),
         ),
         // `Error` is non-exhaustive: a variant added later is reported, not hidden.
         _ => (
@@ -161,6 +170,20 @@ mod tests {
                 Code::Unavailable,
             ),
             (Error::Closed, Code::Unavailable),
+            (
+                Error::DiskFull {
+                    free_bytes: 10,
+                    reserve_bytes: 20,
+                },
+                Code::ResourceExhausted,
+            ),
+            (
+                Error::Internal(format!(
+                    "writer answered oddly for {}",
+                    secret_path().display()
+                )),
+                Code::Internal,
+            ),
             (Error::Locked { dir: secret_path() }, Code::Unavailable),
             (
                 Error::UnsupportedFormat {

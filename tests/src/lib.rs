@@ -115,24 +115,59 @@ pub struct Server {
     _temp: Option<TempDir>,
 }
 
+/// How to start a server: [`Server::start_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Start<'a> {
+    /// The data directory (kept); `None`: a fresh temporary one.
+    pub data_dir: Option<&'a Path>,
+    /// `--listen`; `None`: `127.0.0.1:0`.
+    pub listen: Option<&'a str>,
+    /// More arguments after `serve --listen .. --data-dir ..`.
+    pub args: &'a [&'a str],
+    /// Environment variables to set (every other `CURSORLOG_*` variable is removed).
+    pub env: &'a [(&'a str, &'a str)],
+}
+
 impl Server {
     /// Starts a server on a fresh temporary data directory.
     pub fn start(extra_args: &[&str]) -> Self {
-        let temp = tempfile::tempdir().unwrap();
-        let mut server = Self::start_in(temp.path(), extra_args);
-        server._temp = Some(temp);
-        server
+        Self::start_with(Start {
+            args: extra_args,
+            ..Start::default()
+        })
     }
 
     /// Starts a server on `data_dir` (kept after the server stops).
     pub fn start_in(data_dir: &Path, extra_args: &[&str]) -> Self {
-        let mut child = Command::new(binary())
+        Self::start_with(Start {
+            data_dir: Some(data_dir),
+            args: extra_args,
+            ..Start::default()
+        })
+    }
+
+    /// Starts a server as `start` says.
+    pub fn start_with(start: Start<'_>) -> Self {
+        let temp = match start.data_dir {
+            Some(_) => None,
+            None => Some(tempfile::tempdir().unwrap()),
+        };
+        let data_dir = start
+            .data_dir
+            .or(temp.as_ref().map(TempDir::path))
+            .unwrap()
+            .to_path_buf();
+        let mut command = Command::new(binary());
+        command
             .arg("serve")
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(start.listen.unwrap_or("127.0.0.1:0"))
             .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra_args)
+            .arg(&data_dir)
+            .args(start.args);
+        clean_env(&mut command);
+        command.envs(start.env.iter().copied());
+        let mut child = command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -191,10 +226,10 @@ impl Server {
             child,
             addr,
             metrics_addr,
-            data_dir: data_dir.to_path_buf(),
+            data_dir,
             stdout_lines,
             stderr,
-            _temp: None,
+            _temp: temp,
         }
     }
 
@@ -205,12 +240,21 @@ impl Server {
 
     /// A new connection to the server.
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.addr))
+        Channel::from_shared(format!("http://{}", self.connect_addr()))
             .unwrap()
             .connect_timeout(Duration::from_secs(10))
             .connect()
             .await
             .expect("connect to cursorlog")
+    }
+
+    /// The address to connect to: `addr`, with an unspecified IP (`0.0.0.0`) as loopback.
+    pub fn connect_addr(&self) -> SocketAddr {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        addr
     }
 
     /// Everything the server logged to stderr so far.
@@ -290,18 +334,116 @@ impl Drop for Server {
     }
 }
 
+/// Removes every inherited `CURSORLOG_*` variable (but `CURSORLOG_BIN`) from `command`, so a
+/// developer's environment cannot change what a test starts.
+fn clean_env(command: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let name = key.to_string_lossy();
+        if name.starts_with("CURSORLOG_") && name != "CURSORLOG_BIN" {
+            command.env_remove(&key);
+        }
+    }
+}
+
 /// Runs the binary with `args` to completion (for `verify`, `inspect`): status, stdout, stderr.
 pub fn run_tool(args: &[&str]) -> (ExitStatus, String, String) {
-    let out = Command::new(binary())
-        .args(args)
+    run_tool_env(args, &[])
+}
+
+/// [`run_tool`] with environment variables set (and other `CURSORLOG_*` ones removed). A
+/// `serve` that unexpectedly starts is killed after 30 s so the test fails instead of hanging.
+pub fn run_tool_env(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String, String) {
+    let mut command = Command::new(binary());
+    command.args(args);
+    clean_env(&mut command);
+    let child = command
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = child.id();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(STOP_TIMEOUT).is_err() {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
     (
         out.status,
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A plain HTTP/1.1 `GET /metrics` to `addr` with extra header lines; the whole response.
+pub fn http_get(addr: SocketAddr, headers: &[&str]) -> String {
+    use std::io::Write as _;
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut request = String::from("GET /metrics HTTP/1.1\r\nhost: test\r\n");
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    socket.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// The value of metric `name` (no labels) on a metrics page, if present.
+pub fn metric(page: &str, name: &str) -> Option<u64> {
+    page.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok())?
+    })
+}
+
+/// The health status of `service` ("" for the whole server).
+pub async fn health(
+    channel: &Channel,
+    service: &str,
+) -> tonic_health::pb::health_check_response::ServingStatus {
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    client
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status()
+}
+
+/// The interceptor of [`client_with_token`].
+pub type WithToken = tonic::service::interceptor::InterceptedService<Channel, BearerInterceptor>;
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Debug, Clone)]
+pub struct BearerInterceptor(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for BearerInterceptor {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// A cursorlog client that sends `authorization: Bearer <token>` on every call.
+pub fn client_with_token(channel: Channel, token: &str) -> CursorLogClient<WithToken> {
+    let value = format!("Bearer {token}").parse().unwrap();
+    CursorLogClient::with_interceptor(channel, BearerInterceptor(value))
 }
 
 /// An event to append.

@@ -1299,6 +1299,14 @@ async fn batches_across_sessions_and_session_state() {
                 pb::BatchItem { item: None },
                 done.clone(),
                 done,
+                pb::BatchItem {
+                    item: Some(pb::batch_item::Item::Open(pb::OpenStreamRequest {
+                        session: "b".into(),
+                        epoch: 1,
+                        correlation: Some("2".into()),
+                        lease_ms: Some(10_000),
+                    })),
+                },
             ],
         })
         .await
@@ -1311,6 +1319,7 @@ async fn batches_across_sessions_and_session_state() {
         .map(|r| match r.result.unwrap() {
             R::Appended(x) => format!("appended {:?}", x.event_ids),
             R::Completed(t) => format!("completed {} dup={}", t.terminal_seq, t.duplicate),
+            R::Opened(o) => format!("opened {}", o.start_event_id == format!("1-{}-0", o.stream)),
             R::Failure(f) => format!("failure {}", Code::from_i32(f.code).description()),
         })
         .collect();
@@ -1323,6 +1332,7 @@ async fn batches_across_sessions_and_session_state() {
             format!("failure {}", Code::InvalidArgument.description()),
             "completed 2 dup=false".to_owned(),
             "completed 2 dup=true".to_owned(),
+            "opened true".to_owned(),
         ]
     );
     let r = c
@@ -1331,4 +1341,47 @@ async fn batches_across_sessions_and_session_state() {
         })
         .await;
     assert_status(r, Code::ResourceExhausted, "batch");
+}
+
+/// `declared_stream = 0` means absent (the proto's convention for ids): it must not turn a
+/// resumable cursor into STREAM_MISMATCH, in Resolve or in Read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_stream_of_zero_is_no_declaration() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
+    append(&mut c, "s", stream, "progress", &[b"a", b"b"]).await;
+    let cursor = format!("{epoch}-{stream}-1");
+    let r = c
+        .resolve(pb::ResolveRequest {
+            session: "s".into(),
+            last_event_id: cursor.clone(),
+            declared_stream: Some(0),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.verdict(), Verdict::Resumable);
+    let all = read_all(
+        &mut c,
+        pb::ReadRequest {
+            declared_stream: Some(0),
+            ..read_request("s", &cursor, false)
+        },
+        READ_TIMEOUT,
+    )
+    .await;
+    assert_eq!(all.resolution.unwrap().verdict(), Verdict::Resumable);
+    assert_contiguous(&all.events, 2, 2);
+    // A real other stream is still a mismatch.
+    let r = c
+        .resolve(pb::ResolveRequest {
+            session: "s".into(),
+            last_event_id: cursor,
+            declared_stream: Some(stream + 1),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.verdict(), Verdict::StreamMismatch);
 }

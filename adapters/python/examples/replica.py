@@ -17,15 +17,35 @@ import argparse
 import asyncio
 import logging
 import os
+from typing import Any
 
 import uvicorn
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 
-from cursorlog_mcp import CursorlogEventStore, streamable_http_app
+from cursorlog_mcp import CursorlogEventStore, CursorlogMiddleware
 
 
-def build_server(replica: str, exec_log: str | None) -> MCPServer:
-    mcp = MCPServer("cursorlog-example", instructions="Counts slowly, with progress.")
+class StaticTokens:
+    """A token verifier for the example: ``token -> client id`` from the command line."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self._tokens = tokens
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        client = self._tokens.get(token)
+        return AccessToken(token=token, client_id=client, scopes=[]) if client is not None else None
+
+
+def build_server(replica: str, exec_log: str | None, tokens: dict[str, str] | None = None, url: str = "") -> MCPServer:
+    auth: dict[str, Any] = {}
+    if tokens:
+        auth = {
+            "auth": AuthSettings(issuer_url="http://127.0.0.1/issuer", resource_server_url=url, required_scopes=[]),
+            "token_verifier": StaticTokens(tokens),
+        }
+    mcp = MCPServer("cursorlog-example", instructions="Counts slowly, with progress.", **auth)
 
     def record(tool: str, call_id: str) -> None:
         if exec_log:
@@ -66,14 +86,21 @@ def main() -> None:
     parser.add_argument("--lease-ms", type=int, default=10_000, help="producer lease of request streams")
     parser.add_argument("--retry-ms", type=int, default=None, help="SSE retry interval suggested to clients")
     parser.add_argument("--exec-log", default=None, help="append one line per tool execution to this file")
+    parser.add_argument("--on-evicted", default="gap", choices=("gap", "error"), help="what an evicted cursor gets")
+    parser.add_argument("--tokens", default=None, help="require bearer tokens: token=client,token=client,...")
     args = parser.parse_args()
 
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.name or args.port} %(name)s %(levelname)s %(message)s"
     )
-    store = CursorlogEventStore(args.cursorlog, lease_ms=args.lease_ms)
-    server = build_server(args.name or str(args.port), args.exec_log)
-    app = streamable_http_app(server, store, retry_interval=args.retry_ms)
+    store = CursorlogEventStore(args.cursorlog, lease_ms=args.lease_ms, on_evicted=args.on_evicted)
+    tokens = dict(pair.split("=", 1) for pair in args.tokens.split(",")) if args.tokens else None
+    url = f"http://{args.host}:{args.port}/mcp"
+    server = build_server(args.name or str(args.port), args.exec_log, tokens, url)
+    # The SDK's own builder, with all its options (DNS-rebinding protection for localhost,
+    # auth when configured), plus the middleware that names sessions and restores them.
+    app = server.streamable_http_app(event_store=store, retry_interval=args.retry_ms, host=args.host)
+    app.add_middleware(CursorlogMiddleware, store=store, server=server)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
 
 

@@ -38,8 +38,10 @@ async def client(cursorlog: CursorlogServer) -> AsyncIterator[CursorlogClient]:
 @pytest.fixture
 async def root(cursorlog: CursorlogServer) -> AsyncIterator[CursorlogEventStore]:
     store = CursorlogEventStore(cursorlog.address, lease_ms=5_000)
-    async with store.running():
+    try:
         yield store
+    finally:
+        await store.aclose()
 
 
 @pytest.fixture

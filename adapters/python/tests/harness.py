@@ -123,6 +123,7 @@ class Replica:
         exec_log: Path,
         lease_ms: int = 10_000,
         retry_ms: int = 100,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.port = free_port()
@@ -145,6 +146,7 @@ class Replica:
                 str(retry_ms),
                 "--exec-log",
                 str(exec_log),
+                *extra_args,
             ],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,

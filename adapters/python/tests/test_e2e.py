@@ -85,7 +85,11 @@ class Seen:
 
 @asynccontextmanager
 async def mcp_session(
-    url: str, *, headers: dict[str, str] | None = None, terminate_on_close: bool = True
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    terminate_on_close: bool = True,
+    logging_callback: Any = None,
 ) -> AsyncIterator[tuple[ClientSession, dict[str, str]]]:
     """The SDK client over its own httpx2 client; the dict receives the Mcp-Session-Id."""
     ids: dict[str, str] = {}
@@ -100,7 +104,7 @@ async def mcp_session(
     async with (
         http,
         streamable_http_client(url, http_client=http, terminate_on_close=terminate_on_close) as (read, write),
-        ClientSession(read, write) as session,
+        ClientSession(read, write, logging_callback=logging_callback) as session,
     ):
         yield session, ids
 
@@ -194,7 +198,7 @@ async def test_cut_mid_call_resumes_on_the_other_replica_exactly_once(
     assert [seq_of(t) for t in seen.tokens] == list(range(0, 12))
     assert proxy.connections[b.port] >= 1
     b_log = b.log_text()
-    assert f"restored session {ids['session']}" in b_log
+    assert f"session {ids['session']}: restored from cursorlog" in b_log
     # B resumed from the last event the client had before the cut (progress 2, or 3 if it was
     # already in flight), so the events A appended during the pause came from cursorlog.
     resumed = re.findall(rf"session={ids['session']} cursor=(\S+) verdict=RESUMABLE .*stream_kind=request", b_log)
@@ -291,13 +295,18 @@ async def test_explicit_resumption_token_from_a_new_client(
     assert executions(exec_log, call_id) == [f"A slow_count {call_id}"]
 
 
-async def test_evicted_cursor_ends_the_pending_call_with_an_explicit_error(
-    replicas: dict[str, Replica], proxy: SwitchableProxy, cursorlog: CursorlogServer
-) -> None:
-    a, b = replicas["A"], replicas["B"]
+async def _evict_mid_call(
+    a: Replica,
+    b: Replica,
+    proxy: SwitchableProxy,
+    cursorlog: CursorlogServer,
+    seen: Seen,
+    logs: list[Any],
+    evicted_after: list[str],
+) -> types.CallToolResult | MCPError:
+    """Cut the client at progress 3, evict two events past its cursor, resume on ``b``."""
     proxy.route(a.port)
     call_id = uuid.uuid4().hex
-    seen = Seen()
     log = CursorlogClient(cursorlog.address)
     cut = anyio.Event()
 
@@ -307,25 +316,66 @@ async def test_evicted_cursor_ends_the_pending_call_with_an_explicit_error(
             proxy.cut()
             cut.set()
 
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params)
+
     try:
-        async with mcp_session(proxy.url) as (session, ids):
+        async with mcp_session(proxy.url, logging_callback=on_log) as (session, ids):
             await session.initialize()
             async with anyio.create_task_group() as tg:
 
                 async def evict_then_route() -> None:
                     await cut.wait()
                     token = seen.tokens[-1]
+                    evicted_after.append(token)
                     # Let A append past the client's cursor, then evict beyond it.
                     await anyio.sleep(0.6)
                     await log.trim(ids["session"], stream_of(token), seq_of(token) + 2)
                     proxy.route(b.port)
 
                 tg.start_soon(evict_then_route)
-                with pytest.raises(MCPError) as raised, anyio.fail_after(30):
-                    await call_slow_count(session, call_id, seen, steps=30, delay_s=0.1, on_progress=cut_at_three)
+                with anyio.fail_after(30):
+                    try:
+                        return await call_slow_count(
+                            session, call_id, seen, steps=30, delay_s=0.1, on_progress=cut_at_three
+                        )
+                    except MCPError as e:
+                        return e
     finally:
         await log.close()
-    error = raised.value.error
+
+
+async def test_evicted_cursor_marks_the_gap_then_delivers_the_rest_and_the_result(
+    replicas: dict[str, Replica], proxy: SwitchableProxy, cursorlog: CursorlogServer
+) -> None:
+    seen, logs, cursors = Seen(), [], []
+    result = await _evict_mid_call(replicas["A"], replicas["B"], proxy, cursorlog, seen, logs, cursors)
+    assert isinstance(result, types.CallToolResult), result
+    assert text_of(result).endswith("counted to 30 on A"), "the pending call got its real result"
+    (cursor,) = cursors
+    at = seq_of(cursor)
+    gaps = [entry for entry in logs if entry.logger == "cursorlog"]
+    assert len(gaps) == 1, logs
+    gap = gaps[0]
+    assert gap.level == "warning"
+    assert gap.data["verdict"] == "CURSOR_EVICTED" and gap.data["reason"] == "cursor_evicted"
+    assert gap.data["cursor"] == cursor
+    assert gap.data["watermark"] == at + 3 and gap.data["lostSeqs"] == [at + 1, at + 2]
+    # Progress i is seq i: up to the cursor before the cut, two evicted, the rest after the marker.
+    assert seen.progress == [float(i) for i in range(1, at + 1)] + [float(i) for i in range(at + 3, 31)]
+
+
+async def test_evicted_cursor_can_end_the_call_with_an_explicit_error_instead(
+    replicas: dict[str, Replica], proxy: SwitchableProxy, cursorlog: CursorlogServer, workdir: Path, exec_log: Path
+) -> None:
+    strict = Replica("C", cursorlog.address, workdir, exec_log=exec_log, extra_args=("--on-evicted", "error"))
+    try:
+        seen, logs, cursors = Seen(), [], []
+        raised = await _evict_mid_call(replicas["A"], strict, proxy, cursorlog, seen, logs, cursors)
+    finally:
+        strict.stop()
+    assert isinstance(raised, MCPError), raised
+    error = raised.error
     assert error.code == RESUME_DISCONTINUITY
     assert error.data["verdict"] == "CURSOR_EVICTED"
     assert error.data["reason"] == "cursor_evicted"
@@ -334,7 +384,7 @@ async def test_evicted_cursor_ends_the_pending_call_with_an_explicit_error(
     assert "evicted" in error.message and "reconcile" in error.message
     # The client got exactly the progress up to its cursor (progress i is seq i), then the error.
     assert seen.progress == [float(i) for i in range(1, seq_of(seen.tokens[-1]) + 1)]
-    assert len(seen.progress) >= 3
+    assert not [entry for entry in logs if entry.logger == "cursorlog"]
 
 
 async def test_cursor_of_another_session_ends_the_call_with_an_explicit_error(

@@ -1,5 +1,10 @@
-"""The store against the real cursorlog binary: session isolation and the verdict → behaviour
-mapping of ``replay_events_after``."""
+"""The store against the real cursorlog binary: session isolation, the verdict → behaviour
+mapping of ``replay_events_after`` (the corrected table of DESIGN.md), and loud failures.
+
+``Bound`` plays ``CursorlogMiddleware``'s part: it names the session of every store call the
+way the middleware does for an HTTP request (a context variable). Two ``CursorlogEventStore``
+instances on one cursorlog are two replicas that share nothing in memory.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +18,64 @@ import pytest
 from mcp.server.streamable_http import GET_STREAM_KEY, EventMessage
 from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCNotification, JSONRPCResponse
 
-from cursorlog_mcp import CursorlogClient, CursorlogEventStore, SessionBindingError, SessionEventStore
+from cursorlog_mcp import CursorlogClient, CursorlogEventStore, SessionBindingError
 from cursorlog_mcp._proto import cursorlog_pb2 as pb
+from cursorlog_mcp.binding import Binding, bind, unbind
 from cursorlog_mcp.errors import PRODUCER_ABORTED, RESUME_DISCONTINUITY
-from cursorlog_mcp.resume import (
-    SESSION_INIT_CORRELATION,
-    correlation_for_request,
-    request_id_from_correlation,
-)
-from cursorlog_mcp.record import InitCapture
+from cursorlog_mcp.resume import correlation_for_request, request_id_from_correlation
 
 from .harness import CursorlogServer
 
 pytestmark = pytest.mark.anyio
+
+INIT_BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+).encode()
+
+
+class Bound:
+    """The store as one session's requests see it (the middleware's binding, set per call)."""
+
+    def __init__(
+        self,
+        store: CursorlogEventStore,
+        session_id: str | None = None,
+        *,
+        opening: bool = True,
+        protocol_version: str | None = "2025-11-25",
+    ) -> None:
+        self.store = store
+        self.session_id = session_id or f"v-{uuid.uuid4().hex}"
+        self.binding = Binding(
+            self.session_id,
+            {"type": "http", "headers": []},
+            opening=opening,
+            protocol_version=protocol_version,
+            body=bytearray(INIT_BODY),
+        )
+
+    def on(self, store: CursorlogEventStore) -> Bound:
+        """The same session as seen by another replica."""
+        return Bound(store, self.session_id, opening=False, protocol_version=self.binding.protocol_version)
+
+    async def store_event(self, stream_id: str, message: JSONRPCMessage | None) -> str:
+        token = bind(self.binding)
+        try:
+            return await self.store.store_event(stream_id, message)
+        finally:
+            unbind(token)
+
+    async def replay_events_after(self, cursor: str, send: Any) -> Any:
+        token = bind(self.binding)
+        try:
+            return await self.store.replay_events_after(cursor, send)
+        finally:
+            unbind(token)
 
 
 def progress(token: Any, n: int) -> JSONRPCNotification:
@@ -69,7 +119,7 @@ class Collector:
         return event.message
 
 
-async def replay(store: SessionEventStore, cursor: str, timeout_s: float = 10.0) -> tuple[Collector, Any]:
+async def replay(store: Bound, cursor: str, timeout_s: float = 10.0) -> tuple[Collector, Any]:
     collector = Collector()
     with anyio.fail_after(timeout_s):
         returned = await store.replay_events_after(cursor, collector)
@@ -79,7 +129,7 @@ async def replay(store: SessionEventStore, cursor: str, timeout_s: float = 10.0)
 # -- isolation ------------------------------------------------------------------------------------
 
 
-async def assert_sessions_isolated(a: SessionEventStore, b: SessionEventStore, client: CursorlogClient) -> None:
+async def assert_sessions_isolated(a: Bound, b: Bound, client: CursorlogClient) -> None:
     """The isolation contract, checked from both the SDK's and cursorlog's side."""
     # The SDK uses the same stream ids in every session: request ids and the GET stream.
     prime_a = await a.store_event("1", None)
@@ -91,7 +141,7 @@ async def assert_sessions_isolated(a: SessionEventStore, b: SessionEventStore, c
     get_b = await b.store_event(GET_STREAM_KEY, progress("gb", 1))
     assert stream_of(get_a) != stream_of(get_b), "_GET_stream of two sessions shares a cursorlog stream"
 
-    # cursorlog sees each stream under the real MCP session id, and only there.
+    # cursorlog sees each stream under the MCP session id, and only there.
     for cursor, owner, other in ((a1, a, b), (b1, b, a), (get_a, a, b), (get_b, b, a)):
         mine = await client.resolve(owner.session_id, cursor)
         assert mine.verdict == pb.RESUMABLE, (cursor, owner.session_id, pb.Verdict.Name(mine.verdict))
@@ -108,126 +158,206 @@ async def assert_sessions_isolated(a: SessionEventStore, b: SessionEventStore, c
 
 
 async def test_sessions_are_isolated(root: CursorlogEventStore, client: CursorlogClient) -> None:
-    a = root.for_session(f"iso-a-{uuid.uuid4().hex}")
-    b = root.for_session(f"iso-b-{uuid.uuid4().hex}")
-    await assert_sessions_isolated(a, b, client)
-
-
-class _SessionRewritingClient:
-    """A broken binding: forwards every cursorlog call under one shared session id."""
-
-    def __init__(self, inner: CursorlogClient, shared: str) -> None:
-        self._inner = inner
-        self._shared = shared
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._inner, name)
-
-        def call(session: str, *args: Any, **kwargs: Any) -> Any:
-            return method(self._shared, *args, **kwargs)
-
-        return call
+    await assert_sessions_isolated(Bound(root), Bound(root), client)
 
 
 async def test_isolation_check_catches_a_wrong_session(root: CursorlogEventStore, client: CursorlogClient) -> None:
-    """The isolation test above fails if the wrapper passes a wrong session id to cursorlog."""
-    shared = f"shared-{uuid.uuid4().hex}"
-    a = root.for_session(f"iso-a-{uuid.uuid4().hex}")
-    b = root.for_session(f"iso-b-{uuid.uuid4().hex}")
-    a._client = b._client = _SessionRewritingClient(root.client, shared)  # type: ignore[assignment]
+    """Mutation check: a binding that names the wrong session must fail the isolation check."""
+    a = Bound(root)
+    confused = Bound(root)
+    confused.binding = a.binding  # session B's calls made under session A's binding
     with pytest.raises(AssertionError):
-        await assert_sessions_isolated(a, b, client)
+        await assert_sessions_isolated(a, confused, client)
 
 
-async def test_root_store_refuses_unbound_use(root: CursorlogEventStore) -> None:
-    with pytest.raises(SessionBindingError, match="unbound root store"):
+async def test_unbound_use_is_refused(root: CursorlogEventStore) -> None:
+    with pytest.raises(SessionBindingError, match="CursorlogMiddleware"):
         await root.store_event("1", None)
-    with pytest.raises(SessionBindingError, match="unbound root store"):
+    with pytest.raises(SessionBindingError):
         await root.replay_events_after("1-1-1", Collector())
 
 
 def test_request_correlations_cannot_take_reserved_names() -> None:
     assert correlation_for_request("7") == "7"
-    assert correlation_for_request(SESSION_INIT_CORRELATION) != SESSION_INIT_CORRELATION
-    assert request_id_from_correlation(correlation_for_request(SESSION_INIT_CORRELATION)) == SESSION_INIT_CORRELATION
-    assert request_id_from_correlation("7") == 7
-    assert request_id_from_correlation("007") == "007"
-    assert request_id_from_correlation("req-a") == "req-a"
-    assert request_id_from_correlation(SESSION_INIT_CORRELATION) is None
-    assert request_id_from_correlation(None) is None
+    assert correlation_for_request("mcp:standalone") == "mcp:req:mcp:standalone"
+    assert request_id_from_correlation("mcp:req:mcp:standalone") == "mcp:standalone"
+    assert request_id_from_correlation("mcp:standalone") is None
+    assert request_id_from_correlation("12") == 12
+    assert request_id_from_correlation("abc") == "abc"
+
+
+async def test_session_state_lives_in_cursorlog_for_any_replica(
+    root: CursorlogEventStore, cursorlog: CursorlogServer
+) -> None:
+    a = Bound(root)
+    a.binding.scope["user"] = None
+    await a.store_event("0", None)
+    other = CursorlogEventStore(cursorlog.address)
+    try:
+        state = await other.lookup_session(a.session_id)
+        assert state is not None
+        assert state.initialize_params == json.loads(INIT_BODY)["params"]
+        assert state.owner is None and state.get_stream is not None
+        assert await other.lookup_session(f"never-{uuid.uuid4().hex}") is None
+        await other.end_session(a.session_id)
+        assert await other.lookup_session(a.session_id) is None
+    finally:
+        await other.aclose()
 
 
 # -- verdict → behaviour --------------------------------------------------------------------------
 
 
-async def test_resumable_replays_then_follows_live_appends_to_the_end(root: CursorlogEventStore) -> None:
-    producer = root.for_session(f"v-{uuid.uuid4().hex}")
+async def test_resumable_replays_then_follows_live_appends_to_the_end(
+    root: CursorlogEventStore, cursorlog: CursorlogServer
+) -> None:
+    producer = Bound(root)
     start = await producer.store_event("5", None)
     assert start.endswith("-0")
     e1 = await producer.store_event("5", progress(5, 1))
     e2 = await producer.store_event("5", progress(5, 2))
-    # Another replica resumes: a store bound to the same session, sharing nothing in memory.
-    resumer = root.for_session(producer.session_id)
+    other = CursorlogEventStore(cursorlog.address)  # another replica: shares nothing in memory
+    resumer = producer.on(other)
     seen = Collector()
+    try:
+        async with anyio.create_task_group() as tg:
+            returned: list[Any] = []
+
+            async def resume() -> None:
+                returned.append(await resumer.replay_events_after(e1, seen))
+
+            tg.start_soon(resume)
+            with anyio.fail_after(5):
+                await seen.arrived.wait()  # e2 replayed; the follow is now live
+            e3 = await producer.store_event("5", progress(5, 3))
+            done = await producer.store_event("5", result(5, "done"))
+        assert returned == [None]
+        assert seen.ids == [e2, e3, done]
+        assert [m.model_dump(exclude_unset=True) for m in seen.messages] == [
+            progress(5, 2).model_dump(exclude_unset=True),
+            progress(5, 3).model_dump(exclude_unset=True),
+            result(5, "done").model_dump(exclude_unset=True),
+        ]
+    finally:
+        await other.aclose()
+
+
+async def test_local_stream_is_replayed_to_its_head_and_handed_back_to_the_sdk(root: CursorlogEventStore) -> None:
+    """A stream this process still produces: replay up to the head, return its SDK stream id
+    (so the SDK primes the connection and forwards live events), and hold the producer until
+    the SDK's priming call, whose cursor is the head the replay reached."""
+    session = Bound(root)
+    await session.store_event("5", None)
+    e1 = await session.store_event("5", progress(5, 1))
+    e2 = await session.store_event("5", progress(5, 2))
+    seen, returned = await replay(session, e1)
+    assert returned == "5"
+    assert seen.ids == [e2]
+    held = anyio.Event()
+    stored: list[str] = []
+
+    async def produce() -> None:
+        held.set()
+        stored.append(await session.store_event("5", progress(5, 3)))
+
     async with anyio.create_task_group() as tg:
-        returned: list[Any] = []
-
-        async def resume() -> None:
-            returned.append(await resumer.replay_events_after(e1, seen))
-
-        tg.start_soon(resume)
-        with anyio.fail_after(5):
-            await seen.arrived.wait()  # e2 replayed; the follow is now live
-        e3 = await producer.store_event("5", progress(5, 3))
-        done = await producer.store_event("5", result(5, "done"))
-    assert returned == [None]
-    assert seen.ids == [e2, e3, done]
-    assert [m.model_dump(exclude_unset=True) for m in seen.messages] == [
-        progress(5, 2).model_dump(exclude_unset=True),
-        progress(5, 3).model_dump(exclude_unset=True),
-        result(5, "done").model_dump(exclude_unset=True),
-    ]
-    # From the priming cursor the whole stream replays, exactly once.
-    again, _ = await replay(resumer, start)
-    assert again.ids == [done]  # terminated: only the outcome, see the next test
+        tg.start_soon(produce)
+        await held.wait()
+        await anyio.sleep(0.1)
+        assert stored == [], "the producer must wait for the SDK to take the connection over"
+        priming = await session.store_event("5", None)  # what the SDK does next
+        assert priming == e2
+    assert stored and stored[0].endswith("-3")
+    # An old client (no priming): handed back at once, the producer is not held.
+    old = Bound(root, session.session_id, opening=False, protocol_version="2025-06-18")
+    seen, returned = await replay(old, e2)
+    assert returned == "5" and seen.ids == [stored[0]]
+    done = await session.store_event("5", result(5, "ok"))
+    assert done.endswith("-4")
 
 
-async def test_terminated_stream_delivers_only_the_stored_outcome_under_its_id(root: CursorlogEventStore) -> None:
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+async def test_finished_stream_replays_everything_the_client_missed_exactly_once(root: CursorlogEventStore) -> None:
+    """STREAM_TERMINATED before the terminal seq, resumed by its own client: every event after
+    the cursor through the terminal frame, under the original ids (DESIGN.md, corrected row)."""
+    store = Bound(root)
     await store.store_event("9", None)
     e1 = await store.store_event("9", progress(9, 1))
-    await store.store_event("9", progress(9, 2))
+    e2 = await store.store_event("9", progress(9, 2))
+    e3 = await store.store_event("9", progress(9, 3))
     terminal = await store.store_event("9", result(9, "the result"))
     seen, returned = await replay(store, e1)
     assert returned is None
-    assert seen.ids == [terminal]
-    assert seen.messages[0].model_dump(exclude_unset=True) == result(9, "the result").model_dump(exclude_unset=True)
+    assert seen.ids == [e2, e3, terminal]
+    assert seen.messages[-1].model_dump(exclude_unset=True) == result(9, "the result").model_dump(exclude_unset=True)
     # At the terminal seq the client has everything: clean end, nothing sent.
     at_end, returned = await replay(store, terminal)
     assert (at_end.events, returned) == ([], None)
 
 
-async def test_evicted_cursor_ends_the_call_with_an_explicit_error(
-    root: CursorlogEventStore, client: CursorlogClient
+async def test_evicted_cursor_marks_the_gap_then_delivers_the_rest_and_the_result(
+    root: CursorlogEventStore, client: CursorlogClient, cursorlog: CursorlogServer
 ) -> None:
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+    store = Bound(root)
     await store.store_event("3", None)
     e1 = await store.store_event("3", progress(3, 1))
     for n in (2, 3, 4):
         await store.store_event("3", progress(3, n))
     await client.trim(store.session_id, stream_of(e1), 3)
-    seen, _ = await replay(store, e1)
-    error = seen.only_error()
-    assert error.id == 3
-    assert error.error.data["verdict"] == "CURSOR_EVICTED"
-    assert error.error.data["reason"] == "cursor_evicted"
-    assert error.error.data["watermark"] == 4 and error.error.data["head"] == 4
-    assert error.error.data["cursor"] == e1
-    assert "evicted" in error.error.message and "re-issue" in error.error.message
+    other = CursorlogEventStore(cursorlog.address)  # resumed on another replica, still running
+    seen = Collector()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.on(other).replay_events_after, e1, seen)
+            with anyio.fail_after(5):
+                while len(seen.events) < 2:
+                    await anyio.sleep(0.01)
+            done = await store.store_event("3", result(3, "still the truth"))
+    finally:
+        await other.aclose()
+    notice = seen.messages[0]
+    assert isinstance(notice, JSONRPCNotification) and notice.method == "notifications/message"
+    assert seen.ids[0] is None
+    assert notice.params is not None and notice.params["level"] == "warning"
+    data = notice.params["data"]
+    assert (data["verdict"], data["reason"], data["cursor"], data["watermark"], data["lostSeqs"]) == (
+        "CURSOR_EVICTED",
+        "cursor_evicted",
+        e1,
+        4,
+        [2, 3],
+    )
+    assert seen.ids[1:] == [f"{e1.rsplit('-', 1)[0]}-4", done]
+    # The same stream, finished meanwhile: its missed tail with the same marker.
+    again, _ = await replay(store, e1)
+    assert again.messages[0].params["data"]["lostSeqs"] == [2, 3]  # type: ignore[union-attr]
+    assert again.messages[0].params["data"]["verdict"] == "STREAM_TERMINATED"  # type: ignore[union-attr]
+    assert again.ids[1:] == seen.ids[1:]
+
+
+async def test_evicted_cursor_can_end_the_call_with_an_error_instead(
+    cursorlog: CursorlogServer, client: CursorlogClient
+) -> None:
+    strict = CursorlogEventStore(cursorlog.address, on_evicted="error")
+    try:
+        store = Bound(strict)
+        await store.store_event("3", None)
+        e1 = await store.store_event("3", progress(3, 1))
+        for n in (2, 3, 4):
+            await store.store_event("3", progress(3, n))
+        await client.trim(store.session_id, stream_of(e1), 3)
+        seen, _ = await replay(store, e1)
+        error = seen.only_error()
+        assert error.id == 3
+        assert error.error.data["verdict"] == "CURSOR_EVICTED"
+        assert error.error.data["reason"] == "cursor_evicted"
+        assert error.error.data["watermark"] == 4 and error.error.data["head"] == 4
+        assert "evicted" in error.error.message and "re-issue" in error.error.message
+    finally:
+        await strict.aclose()
 
 
 async def test_cursor_ahead_unknown_and_malformed_cursors_fail_explicitly(root: CursorlogEventStore) -> None:
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+    store = Bound(root)
     start = await store.store_event("4", None)
     epoch, stream, _ = start.split("-")
     cases = {
@@ -236,13 +366,14 @@ async def test_cursor_ahead_unknown_and_malformed_cursors_fail_explicitly(root: 
         "not-a-cursor": ("MALFORMED_CURSOR", "malformed_cursor", None),
     }
     for cursor, (verdict, reason, request_id) in cases.items():
-        seen, _ = await replay(store, cursor)
+        seen, returned = await replay(store, cursor)
+        assert returned is None
         error = seen.only_error()
         assert (error.error.data["verdict"], error.error.data["reason"], error.id) == (verdict, reason, request_id)
 
 
 async def test_epoch_mismatch_ends_cleanly(root: CursorlogEventStore, client: CursorlogClient) -> None:
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+    store = Bound(root)
     await store.store_event("2", None)
     e1 = await store.store_event("2", progress(2, 1))
     await client.advance_epoch(store.session_id)
@@ -251,16 +382,18 @@ async def test_epoch_mismatch_ends_cleanly(root: CursorlogEventStore, client: Cu
 
 
 async def test_producer_lease_expiry_ends_a_followed_call_with_the_aborted_error(cursorlog: CursorlogServer) -> None:
-    # This "replica" writes with a 300 ms lease and never renews it (as if it had died).
+    # This "replica" writes with a 300 ms lease and then stops renewing it (as if it had died).
     dead = CursorlogEventStore(cursorlog.address, lease_ms=300)
     reader = CursorlogEventStore(cursorlog.address, lease_ms=300)
     try:
-        producer = dead.for_session(f"v-{uuid.uuid4().hex}")
+        producer = Bound(dead)
         await producer.store_event("8", None)
         e1 = await producer.store_event("8", progress(8, 1))
         e2 = await producer.store_event("8", progress(8, 2))
-        async with reader.running():
-            seen, returned = await replay(reader.for_session(producer.session_id), e1, timeout_s=5)
+        maintainer = dead._maintainer  # noqa: SLF001 - the test kills the renewals, as a crash would
+        assert maintainer is not None
+        maintainer.cancel()
+        seen, returned = await replay(producer.on(reader), e1, timeout_s=5)
         assert returned is None
         assert seen.ids[0] == e2
         error = seen.messages[1]
@@ -269,69 +402,41 @@ async def test_producer_lease_expiry_ends_a_followed_call_with_the_aborted_error
         assert error.error.data["reason"] == "producer_aborted"
         assert error.error.data["state"] == "ABORTED"
         assert error.error.data["detail"] == "producer lease expired"
-        # A later resume gets the same answer from the tombstone (no terminal frame to deliver),
-        # also from the head, which is the aborted stream's terminal seq.
-        for cursor in (e1, e2):
-            late, _ = await replay(reader.for_session(producer.session_id), cursor)
-            assert late.only_error().error.data["reason"] == "producer_aborted", cursor
-            assert late.only_error().error.data["verdict"] == "STREAM_TERMINATED"
-            assert late.only_error().error.data["terminal_seq"] == 2
+        # A later resume gets the same answer from the tombstone (no terminal frame to deliver).
+        late, _ = await replay(producer.on(reader), e2)
+        assert late.only_error().error.data["reason"] == "producer_aborted"
+        assert late.only_error().error.data["verdict"] == "STREAM_TERMINATED"
+        assert late.only_error().error.data["terminal_seq"] == 2
     finally:
-        await dead.client.close()
-        await reader.client.close()
+        await dead.aclose()
+        await reader.aclose()
 
 
 async def test_keepalive_holds_the_lease_of_a_live_producer(
     cursorlog: CursorlogServer, client: CursorlogClient
 ) -> None:
     store = CursorlogEventStore(cursorlog.address, lease_ms=300)
-    async with store.running():
-        session = store.for_session(f"v-{uuid.uuid4().hex}")
+    try:
+        session = Bound(store)
         e1 = await session.store_event("1", None)
-        assert (session.session_id, stream_of(e1)) in store.held_leases()
-        await anyio.sleep(1.2)  # four leases long
+        await anyio.sleep(1.2)  # four leases long, no append
         resolution = await client.resolve(session.session_id, e1)
         assert (pb.Verdict.Name(resolution.verdict), resolution.stream_state) == ("RESUMABLE", pb.STREAM_STATE_OPEN)
         await session.store_event("1", result(1, "ok"))
-        assert store.held_leases() == []
+    finally:
+        await store.aclose()
 
 
-async def test_init_record_stream_is_never_revealed(root: CursorlogEventStore, client: CursorlogClient) -> None:
-    capture = InitCapture()
-    capture.feed(
-        json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": 0,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "1"},
-                },
-            }
-        ).encode()
-    )
-    store = root.for_session(f"v-{uuid.uuid4().hex}", init_capture=capture)
-    await store.store_event("0", None)
-    await store.store_event("0", JSONRPCResponse(jsonrpc="2.0", id=0, result={"protocolVersion": "2025-11-25"}))
-    record = await root.load_session_record(store.session_id)
-    assert record is not None and record.protocol_version == "2025-11-25"
-    assert record.get_stream == store.get_stream
-    outcome = await client.get_outcome(store.session_id, correlation=SESSION_INIT_CORRELATION)
-    forged = outcome.outcome.terminal_event_id
-    for cursor in (forged, forged[: forged.rindex("-")] + "-0"):
-        seen, _ = await replay(store, cursor)
-        assert seen.only_error().error.data["reason"] == "unknown_cursor"
-
-
-async def test_every_verdict_is_logged(root: CursorlogEventStore, caplog: pytest.LogCaptureFixture) -> None:
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+async def test_verdicts_are_logged_and_an_ordinary_resume_is_not_a_warning(
+    root: CursorlogEventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Bound(root)
     await store.store_event("1", None)
     cursor = await store.store_event("1", progress(1, 1))
     await store.store_event("1", result(1, "x"))
     with caplog.at_level(logging.INFO, logger="cursorlog_mcp.resume"):
         await replay(store, cursor)
+        ordinary = [r for r in caplog.records if r.name == "cursorlog_mcp.resume"]
         await replay(store, "garbage")
     lines = [r.getMessage() for r in caplog.records if r.name == "cursorlog_mcp.resume"]
     assert any(
@@ -341,14 +446,18 @@ async def test_every_verdict_is_logged(root: CursorlogEventStore, caplog: pytest
         and '"terminal_seq": 2' in line
         for line in lines
     ), lines
-    assert any("cursor=garbage" in line and "verdict=MALFORMED_CURSOR" in line for line in lines), lines
+    assert ordinary and all(r.levelno == logging.INFO for r in ordinary), [
+        (r.levelname, r.getMessage()) for r in ordinary
+    ]
+    bad = [r for r in caplog.records if "cursor=garbage" in r.getMessage()]
+    assert bad and bad[0].levelno == logging.WARNING and "verdict=MALFORMED_CURSOR" in bad[0].getMessage()
 
 
 async def test_client_without_priming_gets_a_stream_on_the_first_message(
     root: CursorlogEventStore, client: CursorlogClient
 ) -> None:
     """Clients older than 2025-11-25 get no priming event: the stream opens lazily."""
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+    store = Bound(root)
     e1 = await store.store_event("11", progress(11, 1))
     assert e1.endswith("-1")
     done = await store.store_event("11", result(11, "ok"))
@@ -358,10 +467,8 @@ async def test_client_without_priming_gets_a_stream_on_the_first_message(
     assert outcome.outcome.terminal_event_id == done
 
 
-async def test_reused_request_id_gets_a_new_stream_and_ends_the_old_one(
-    root: CursorlogEventStore, client: CursorlogClient
-) -> None:
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+async def test_reused_request_id_gets_a_new_stream_and_ends_the_old_one(root: CursorlogEventStore) -> None:
+    store = Bound(root)
     first = await store.store_event("1", None)
     old = await store.store_event("1", progress(1, 1))
     second = await store.store_event("1", None)
@@ -372,14 +479,14 @@ async def test_reused_request_id_gets_a_new_stream_and_ends_the_old_one(
         "producer_aborted",
         "request id reused by a new request",
     )
-    assert (store.session_id, stream_of(first)) not in root.held_leases()
 
 
-async def test_standalone_stream_gap_is_announced_then_followed_from_its_head(
+async def test_standalone_stream_gap_is_marked_then_followed(
     root: CursorlogEventStore, client: CursorlogClient
 ) -> None:
-    """No pending call on the GET stream: a warning notification, then live messages."""
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+    """The GET stream has no pending call: a warning notification marks the evicted messages,
+    then the retained rest and live messages follow."""
+    store = Bound(root)
     g1 = await store.store_event(GET_STREAM_KEY, progress("g", 1))
     for n in (2, 3, 4):
         await store.store_event(GET_STREAM_KEY, progress("g", n))
@@ -388,24 +495,23 @@ async def test_standalone_stream_gap_is_announced_then_followed_from_its_head(
     async with anyio.create_task_group() as tg:
         tg.start_soon(store.replay_events_after, g1, seen)
         with anyio.fail_after(5):
-            await seen.arrived.wait()
-        notice = seen.messages[0]
-        assert isinstance(notice, JSONRPCNotification) and notice.method == "notifications/message"
-        assert notice.params is not None and notice.params["data"]["reason"] == "cursor_evicted"
-        await anyio.sleep(0.2)  # following from the head now: g4 is not replayed
-        live = await store.store_event(GET_STREAM_KEY, progress("g", 5))
-        with anyio.fail_after(5):
             while len(seen.events) < 2:
                 await anyio.sleep(0.01)
+        live = await store.store_event(GET_STREAM_KEY, progress("g", 5))
+        with anyio.fail_after(5):
+            while len(seen.events) < 3:
+                await anyio.sleep(0.01)
         await client.expire_session(store.session_id)  # ends the standalone stream (ABORTED)
-    assert seen.ids == [None, live]
-    assert seen.messages[1].model_dump(exclude_unset=True) == progress("g", 5).model_dump(exclude_unset=True)
+    notice = seen.messages[0]
+    assert isinstance(notice, JSONRPCNotification) and notice.method == "notifications/message"
+    assert notice.params is not None and notice.params["data"]["lostSeqs"] == [2, 3]
+    assert seen.ids[1:] == [f"{g1.rsplit('-', 1)[0]}-4", live]
 
 
 async def test_aborted_stream_with_a_terminal_frame_delivers_it_once(
     root: CursorlogEventStore, client: CursorlogClient
 ) -> None:
-    store = root.for_session(f"v-{uuid.uuid4().hex}")
+    store = Bound(root)
     await store.store_event("6", None)
     e1 = await store.store_event("6", progress(6, 1))
     failure = JSONRPCError(jsonrpc="2.0", id=6, error={"code": -32603, "message": "gave up"})
@@ -420,3 +526,24 @@ async def test_aborted_stream_with_a_terminal_frame_delivers_it_once(
     assert seen.messages[0].model_dump(exclude_unset=True) == failure.model_dump(exclude_unset=True)
     at_frame, _ = await replay(store, aborted.terminal_event_id)
     assert at_frame.events == []  # the client has the frame: no duplicate
+
+
+async def test_evicted_cursor_of_a_local_stream_is_marked_then_handed_back(
+    root: CursorlogEventStore, client: CursorlogClient
+) -> None:
+    """Resumed where it is produced: the gap marker and the retained rest, then the SDK takes
+    the connection over for the live tail (its priming cursor is the head)."""
+    store = Bound(root)
+    await store.store_event("4", None)
+    e1 = await store.store_event("4", progress(4, 1))
+    for n in (2, 3, 4):
+        last = await store.store_event("4", progress(4, n))
+    await client.trim(store.session_id, stream_of(e1), 3)
+    seen, returned = await replay(store, e1)
+    assert returned == "4"
+    assert isinstance(seen.messages[0], JSONRPCNotification)
+    assert seen.messages[0].params["data"]["lostSeqs"] == [2, 3]  # type: ignore[index]
+    assert seen.ids[1:] == [last]
+    assert await store.store_event("4", None) == last  # the SDK's priming call: the head
+    done = await store.store_event("4", result(4, "ok"))
+    assert done.endswith("-5")

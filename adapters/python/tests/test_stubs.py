@@ -30,15 +30,15 @@ def test_the_check_notices_a_changed_proto(tmp_path: Path) -> None:
     assert set(codegen.stale_files(tmp_path)) == {"cursorlog_pb2.py", "cursorlog_pb2.pyi"}
 
 
-def test_manager_refuses_what_it_cannot_isolate() -> None:
-    from mcp.server.lowlevel.server import Server
+def test_middleware_refuses_what_it_cannot_bind() -> None:
+    from cursorlog_mcp import CursorlogEventStore, CursorlogMiddleware
 
-    from cursorlog_mcp import CursorlogEventStore, CursorlogSessionManager
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("never called")
 
-    store = CursorlogEventStore("127.0.0.1:1")
-    with pytest.raises(ValueError, match="stateless"):
-        CursorlogSessionManager(Server("x"), store, stateless=True)
-    with pytest.raises(TypeError, match="store"):
-        CursorlogSessionManager(Server("x"), store, event_store=store)
     with pytest.raises(TypeError, match="CursorlogEventStore"):
-        CursorlogSessionManager(Server("x"), object())  # type: ignore[arg-type]
+        CursorlogMiddleware(app, store=object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lease_ms"):
+        CursorlogEventStore("127.0.0.1:1", lease_ms=0)
+    with pytest.raises(ValueError, match="gap"):
+        CursorlogEventStore("127.0.0.1:1", on_evicted="drop")

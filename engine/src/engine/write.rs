@@ -191,6 +191,19 @@ impl Engine {
     /// Unknown/expired session; [`Error::StaleEpoch`]; [`Error::TooLarge`] when the session
     /// already has `open_streams_per_session_max` open streams; invalid ids; write failures.
     pub fn open_stream(&self, req: OpenStream) -> Result<StreamInfo> {
+        self.check_open_stream(&req)?;
+        let lease = req.lease_ms;
+        let session = req.session.clone();
+        match self.submit(Command::OpenStream(req))? {
+            Reply::Stream(s) => {
+                self.opened(&session, &s, lease);
+                Ok(s)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn check_open_stream(&self, req: &OpenStream) -> Result<()> {
         self.check_id("session", &req.session)?;
         if let Some(c) = &req.correlation {
             self.check_id("correlation", c)?;
@@ -201,19 +214,16 @@ impl Engine {
                 "must be at least 1 ms when given",
             ));
         }
-        let lease = req.lease_ms;
-        let session = req.session.clone();
-        match self.submit(Command::OpenStream(req))? {
-            Reply::Stream(s) => {
-                let shared = &self.inner.shared;
-                if let Some(ms) = lease {
-                    shared.leases.arm(s.stream, ms, shared.now_ms());
-                }
-                self.touch(&session);
-                Ok(s)
-            }
-            other => Err(unexpected(&other)),
+        Ok(())
+    }
+
+    /// What opening a stream starts: its producer lease, and the session's idle TTL anew.
+    fn opened(&self, session: &str, s: &StreamInfo, lease_ms: Option<u64>) {
+        let shared = &self.inner.shared;
+        if let Some(ms) = lease_ms {
+            shared.leases.arm(s.stream, ms, shared.now_ms());
         }
+        self.touch(session);
     }
 
     /// What an append that was carried out renews: the stream's producer lease (only now,
@@ -441,8 +451,10 @@ impl Engine {
     /// Per item, as [`Engine::append`] or [`Engine::complete`].
     pub async fn write_batch_async(&self, items: Vec<BatchWrite>) -> Vec<Result<BatchWritten>> {
         type Answer = tokio::sync::oneshot::Receiver<Result<Reply>>;
+        /// A queued item: its answer, its session, and the lease of a stream it opens.
+        type Queued = (Answer, String, Option<u64>);
         let tx = self.sender();
-        let mut pending: Vec<Result<(Answer, String)>> = Vec::with_capacity(items.len());
+        let mut pending: Vec<Result<Queued>> = Vec::with_capacity(items.len());
         for item in items {
             let tx = match &tx {
                 Ok(tx) => tx,
@@ -454,7 +466,11 @@ impl Engine {
             let cmd = match item {
                 BatchWrite::Append(req) => self
                     .check_append(&req)
-                    .map(|()| (req.session.clone(), Command::Append(req))),
+                    .map(|()| (req.session.clone(), Command::Append(req), None)),
+                BatchWrite::Open(req) => self.check_open_stream(&req).map(|()| {
+                    let (session, lease) = (req.session.clone(), req.lease_ms);
+                    (session, Command::OpenStream(req), lease)
+                }),
                 BatchWrite::Complete {
                     session,
                     stream,
@@ -469,12 +485,12 @@ impl Engine {
                         None,
                         Some(terminal),
                     )
-                    .map(|cmd| (session, cmd)),
+                    .map(|cmd| (session, cmd, None)),
             };
             pending.push(match cmd {
-                Ok((session, cmd)) => send_async(tx, &self.inner.shared, cmd)
+                Ok((session, cmd, lease)) => send_async(tx, &self.inner.shared, cmd)
                     .await
-                    .map(|answer| (answer, session)),
+                    .map(|answer| (answer, session, lease)),
                 Err(e) => Err(e),
             });
         }
@@ -482,7 +498,7 @@ impl Engine {
         for p in pending {
             out.push(match p {
                 Err(e) => Err(e),
-                Ok((answer, session)) => {
+                Ok((answer, session, lease)) => {
                     match answer.await.map_err(|_| Error::Closed).and_then(|r| r) {
                         Ok(Reply::Appended(a)) => {
                             self.appended(&session, a.stream);
@@ -491,6 +507,10 @@ impl Engine {
                         Ok(Reply::Terminated(t)) => {
                             self.touch(&session);
                             Ok(BatchWritten::Completed(t))
+                        }
+                        Ok(Reply::Stream(s)) => {
+                            self.opened(&session, &s, lease);
+                            Ok(BatchWritten::Opened(s))
                         }
                         Ok(other) => Err(unexpected(&other)),
                         Err(e) => Err(e),

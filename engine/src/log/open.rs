@@ -118,25 +118,13 @@ pub(crate) fn open(
     }
     let log = Arc::new(Log::new(Arc::clone(fs), dir.to_path_buf()));
     let this_boot = boot_id.unwrap_or([0; BOOT_ID_BYTES]);
+    let run = Run {
+        policy,
+        boot_id: this_boot,
+        clock,
+    };
     let Some((tail_base, tail_path)) = found.last().cloned() else {
-        let header = SegmentHeader {
-            base_lsn: 1,
-            term: 1,
-            sync: SyncPolicyTag::of(policy),
-            boot_id: this_boot,
-            created_at_ms: clock.now_ms(),
-        };
-        let active = Arc::new(Segment::create(Arc::clone(fs), dir, &header)?);
-        log.insert(Arc::clone(&active));
-        let writer = LogWriter::new(
-            log.clone(),
-            active,
-            1,
-            1,
-            policy,
-            this_boot,
-            Arc::clone(clock),
-        );
+        let writer = run.start_segment(&log, 1, 1)?;
         return Ok(Opened {
             log,
             writer,
@@ -264,24 +252,7 @@ pub(crate) fn open(
             .map_err(Error::io(format!("removing {}", tail_path.display())))?;
         sync_dir(fs.as_ref(), dir)?;
     }
-    let header = SegmentHeader {
-        base_lsn: next_lsn,
-        term,
-        sync: SyncPolicyTag::of(policy),
-        boot_id: this_boot,
-        created_at_ms: clock.now_ms(),
-    };
-    let active = Arc::new(Segment::create(Arc::clone(fs), dir, &header)?);
-    log.insert(Arc::clone(&active));
-    let writer = LogWriter::new(
-        log.clone(),
-        active,
-        next_lsn,
-        term,
-        policy,
-        this_boot,
-        Arc::clone(clock),
-    );
+    let writer = run.start_segment(&log, next_lsn, term)?;
     Ok(Opened {
         log,
         writer,
@@ -292,6 +263,37 @@ pub(crate) fn open(
         frames_dropped,
         upgraded_from,
     })
+}
+
+/// What this run writes its segments' headers with.
+struct Run<'a> {
+    policy: SyncPolicy,
+    boot_id: [u8; BOOT_ID_BYTES],
+    clock: &'a Arc<dyn Clock>,
+}
+
+impl Run<'_> {
+    /// Creates the active segment of a new term at `base_lsn` and a writer for it.
+    fn start_segment(&self, log: &Arc<Log>, base_lsn: u64, term: u64) -> Result<LogWriter> {
+        let header = SegmentHeader {
+            base_lsn,
+            term,
+            sync: SyncPolicyTag::of(self.policy),
+            boot_id: self.boot_id,
+            created_at_ms: self.clock.now_ms(),
+        };
+        let active = Arc::new(Segment::create(Arc::clone(log.fs()), log.dir(), &header)?);
+        log.insert(Arc::clone(&active));
+        Ok(LogWriter::new(
+            Arc::clone(log),
+            active,
+            base_lsn,
+            term,
+            self.policy,
+            self.boot_id,
+            Arc::clone(self.clock),
+        ))
+    }
 }
 
 /// Checks a current-format segment header against the base LSN its name gives.

@@ -241,6 +241,11 @@ impl SplitMix {
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
     }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
 }
 
 /// Runs `f` over `items` on `threads` scoped threads. Engine open/close is dominated by

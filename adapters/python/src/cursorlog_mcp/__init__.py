@@ -1,9 +1,10 @@
 """cursorlog-backed resumability for the official MCP Python SDK (Streamable HTTP).
 
     store = CursorlogEventStore("127.0.0.1:50051")
-    app = streamable_http_app(mcp_server, store)      # a Starlette app; run it with uvicorn
+    app = mcp.streamable_http_app(event_store=store)                  # the SDK's own builder
+    app.add_middleware(CursorlogMiddleware, store=store, server=mcp)  # names sessions, restores them
 
-See README.md for the session-isolation mechanism and what a resuming client sees.
+See README.md for what a resuming client sees and what is not drop-in.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "PRODUCER_ABORTED",
     "RESUME_DISCONTINUITY",
+    "AppendBatcher",
     "CursorlogClient",
     "CursorlogError",
     "CursorlogEventStore",
     "CursorlogMcpError",
-    "CursorlogSessionManager",
+    "CursorlogMiddleware",
+    "EvictedMode",
     "SessionBindingError",
-    "SessionEventStore",
-    "SessionRecord",
-    "streamable_http_app",
+    "SessionState",
 ]
 
 # Imported lazily so that `python -m cursorlog_mcp.codegen` works before the stubs exist.
@@ -32,20 +33,22 @@ _WHERE = {
     "CursorlogError": "errors",
     "CursorlogMcpError": "errors",
     "SessionBindingError": "errors",
+    "AppendBatcher": "batcher",
     "CursorlogClient": "client",
     "CursorlogEventStore": "store",
-    "SessionEventStore": "store",
-    "SessionRecord": "record",
-    "CursorlogSessionManager": "manager",
-    "streamable_http_app": "manager",
+    "CursorlogMiddleware": "middleware",
+    "EvictedMode": "resume",
+    "SessionState": "record",
 }
 
 if TYPE_CHECKING:
+    from .batcher import AppendBatcher
     from .client import CursorlogClient
     from .errors import PRODUCER_ABORTED, RESUME_DISCONTINUITY, CursorlogError, CursorlogMcpError, SessionBindingError
-    from .manager import CursorlogSessionManager, streamable_http_app
-    from .record import SessionRecord
-    from .store import CursorlogEventStore, SessionEventStore
+    from .middleware import CursorlogMiddleware
+    from .record import SessionState
+    from .resume import EvictedMode
+    from .store import CursorlogEventStore
 
 
 def __getattr__(name: str) -> Any:

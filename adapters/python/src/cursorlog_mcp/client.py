@@ -46,14 +46,23 @@ class CursorlogClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.CursorLogStub | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._opened = 0
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self._token}"),) if self._token else ()
 
     @property
     def stub(self) -> pb_grpc.CursorLogStub:
+        """The stub of this event loop's channel.
+
+        ``grpc.aio`` binds a channel to the loop it was created in, so a client used from a new
+        loop opens a new channel there and closes the previous one (in the background: its
+        calls are cancelled, its sockets released).
+        """
         loop = asyncio.get_running_loop()
         if self._stub is None or self._loop is not loop:
+            stale = self._channel
             options = [
                 ("grpc.max_receive_message_length", self._max_message_bytes),
                 ("grpc.max_send_message_length", self._max_message_bytes),
@@ -65,13 +74,32 @@ class CursorlogClient:
                 self._channel = grpc.aio.insecure_channel(self.target, options=options)
             self._stub = pb_grpc.CursorLogStub(self._channel)  # type: ignore[no-untyped-call]
             self._loop = loop
+            self._opened += 1
+            if stale is not None:
+                task = loop.create_task(self._close_stale(stale))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
         return self._stub
+
+    @staticmethod
+    async def _close_stale(channel: grpc.aio.Channel) -> None:
+        try:
+            await channel.close()
+        except Exception as e:  # a channel of a dead loop may refuse; it is dropped either way
+            logger.debug("closing the previous event loop's cursorlog channel failed: %s", e)
+
+    @property
+    def channels_opened(self) -> int:
+        """How many channels this client has opened (one per event loop it was used in)."""
+        return self._opened
 
     async def close(self) -> None:
         """Closes the channel (pending calls are cancelled)."""
         channel, self._channel, self._stub, self._loop = self._channel, None, None, None
         if channel is not None:
             await channel.close()
+        for task in list(self._closing):
+            await task
 
     async def _unary(self, rpc: str, request: Any, response: type[R], *, retry: bool) -> R:
         method: Callable[..., Awaitable[Any]] = getattr(self.stub, rpc)
@@ -92,9 +120,22 @@ class CursorlogClient:
                 raise error from None
 
     # Sessions.
-    async def open_session(self, session: str) -> pb.OpenSessionResponse:
-        return await self._unary(
-            "OpenSession", pb.OpenSessionRequest(session=session), pb.OpenSessionResponse, retry=True
+    async def open_session(self, session: str, *, state: bytes | None = None) -> pb.OpenSessionResponse:
+        request = pb.OpenSessionRequest(session=session)
+        if state is not None:
+            request.state = state
+        # Idempotent: a retry returns the existing session unchanged.
+        return await self._unary("OpenSession", request, pb.OpenSessionResponse, retry=True)
+
+    async def get_session(self, session: str) -> pb.GetSessionResponse:
+        return await self._unary("GetSession", pb.GetSessionRequest(session=session), pb.GetSessionResponse, retry=True)
+
+    async def set_session_state(self, session: str, state: bytes) -> None:
+        await self._unary(
+            "SetSessionState",
+            pb.SetSessionStateRequest(session=session, state=state),
+            pb.SetSessionStateResponse,
+            retry=True,
         )
 
     async def expire_session(self, session: str) -> pb.ExpireSessionResponse:
@@ -144,7 +185,13 @@ class CursorlogClient:
             request.terminal.CopyFrom(terminal)
         return await self._unary("Abort", request, pb.TerminateResponse, retry=False)
 
-    async def keep_alive(self, session: str, stream: int) -> None:
+    async def append_batch(self, request: pb.AppendBatchRequest) -> pb.AppendBatchResponse:
+        """``AppendBatch``, not retried here: the caller decides per item (see ``batcher``)."""
+        return await self._unary("AppendBatch", request, pb.AppendBatchResponse, retry=False)
+
+    async def keep_alive(self, session: str, stream: int = 0) -> None:
+        """Renews the stream's producer lease and the session's idle TTL; ``stream`` 0 renews
+        only the session."""
         await self._unary(
             "KeepAlive", pb.KeepAliveRequest(session=session, stream=stream), pb.KeepAliveResponse, retry=False
         )
@@ -173,14 +220,19 @@ class CursorlogClient:
             "Trim", pb.TrimRequest(session=session, stream=stream, up_to_seq=up_to_seq), pb.TrimResponse, retry=True
         )
 
-    async def read(self, session: str, last_event_id: str, *, follow: bool) -> AsyncGenerator[pb.ReadResponse, None]:
-        """``Read``: the Resolution first, then event batches, then (if terminal) ``end``.
+    async def read(
+        self, session: str, last_event_id: str, *, follow: bool, resume_own_stream: bool = False
+    ) -> AsyncGenerator[pb.ReadResponse, None]:
+        """``Read``: the Resolution first, then event batches (and, with ``resume_own_stream``,
+        ``gap`` markers), then (if terminal) ``end``.
 
         Failures mid-stream raise typed ``CursorlogError``s. Leaving the iteration early
         cancels the call.
         """
         call = self.stub.Read(
-            pb.ReadRequest(session=session, last_event_id=last_event_id, follow=follow),
+            pb.ReadRequest(
+                session=session, last_event_id=last_event_id, follow=follow, resume_own_stream=resume_own_stream
+            ),
             metadata=self._metadata(),
         )
         try:

@@ -21,20 +21,17 @@ class CursorlogMcpError(Exception):
 
 
 class SessionBindingError(CursorlogMcpError):
-    """The event store was used without being bound to an MCP session.
+    """The event store was called outside a request that ``CursorlogMiddleware`` bound to an
+    MCP session.
 
     The SDK hands one store instance to every session's transport and never tells it the
-    session id; only ``CursorlogSessionManager`` binds a per-session store to each transport.
-    Using the unbound store directly would mix sessions, so it refuses every call.
+    session id; the middleware names the session for every call (a context variable set per
+    HTTP request). A call without it would have to guess a session, so it is refused.
     """
 
 
-class SdkCompatibilityError(CursorlogMcpError):
-    """The installed ``mcp`` SDK lacks a hook this adapter relies on (see README, SDK hooks)."""
-
-
 class SessionRecordError(CursorlogMcpError):
-    """A session's stored initialize record is missing fields or is not valid JSON."""
+    """A session's stored state (its initialize record) is missing fields or is not valid JSON."""
 
 
 class CursorlogError(CursorlogMcpError):
@@ -76,3 +73,13 @@ def from_rpc_error(rpc: str, error: grpc.aio.AioRpcError) -> CursorlogError:
     """The typed error for a failed gRPC call."""
     code = error.code()
     return _BY_CODE.get(code, CursorlogError)(rpc, code, error.details() or "")
+
+
+_BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_failure(rpc: str, code: int, message: str) -> CursorlogError:
+    """The typed error for one failed item of a batched call (``Failure``: a status code and
+    message, as the unary call would have failed)."""
+    status = _BY_VALUE.get(code, grpc.StatusCode.UNKNOWN)
+    return _BY_CODE.get(status, CursorlogError)(rpc, status, message)

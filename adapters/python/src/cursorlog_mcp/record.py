@@ -1,9 +1,9 @@
-"""A session's initialize record: what another replica needs to take the session over.
+"""A session's durable state: what another replica needs to take the session over.
 
-``SessionRecord`` is stored in cursorlog as the terminal frame of a stream with correlation
-``mcp:session-init`` in the session; ``InitCapture`` tees the opening request's body off the
-ASGI ``receive`` so the client's ``initialize`` params can be recorded (the SDK never shows
-them to a store).
+``SessionState`` is the opaque ``state`` cursorlog keeps with the session (``OpenSession``,
+``GetSession``), so it lives exactly as long as the session does: the client's ``initialize``
+params (a replica restores the session by replaying that handshake through the SDK), the
+credential that created it, and the session's standalone (GET) stream.
 """
 
 from __future__ import annotations
@@ -14,77 +14,70 @@ from typing import Any
 
 from .errors import SessionRecordError
 
+STATE_VERSION = 2
+STATE_BYTES_MAX = 64 * 1024
+"""cursorlog's limit on a session's state."""
+
 
 @dataclass(frozen=True)
-class SessionRecord:
-    """What a replica needs to take over a session initialized elsewhere."""
+class SessionState:
+    """What a replica needs to take over a session created elsewhere."""
 
-    session_id: str
     initialize_params: dict[str, Any]
     """The client's ``initialize`` params, as sent."""
-    protocol_version: str
-    """The negotiated version (the server's InitializeResult)."""
-    get_stream: int
-    """The session's standalone (GET) cursorlog stream."""
     owner: dict[str, Any] | None
-    """The SDK's AuthorizationContext of the credential that created the session, if any."""
-    epoch: int
-    """The session's current epoch when the record was loaded or written."""
+    """The SDK's ``AuthorizationContext`` of the credential that created the session, if any."""
+    get_stream: int | None = None
+    """The session's standalone (GET) cursorlog stream, once opened."""
 
     def to_json(self) -> bytes:
-        return json.dumps(
+        raw = json.dumps(
             {
-                "v": 1,
+                "v": STATE_VERSION,
                 "initialize": self.initialize_params,
-                "protocolVersion": self.protocol_version,
-                "getStream": self.get_stream,
                 "owner": self.owner,
+                "getStream": self.get_stream,
             },
             separators=(",", ":"),
         ).encode()
+        if len(raw) > STATE_BYTES_MAX:
+            raise SessionRecordError(
+                f"the session's initialize record is {len(raw)} bytes; cursorlog keeps at most {STATE_BYTES_MAX}"
+            )
+        return raw
 
     @classmethod
-    def from_json(cls, session_id: str, payload: bytes, epoch: int) -> SessionRecord:
+    def from_json(cls, session_id: str, payload: bytes) -> SessionState:
         try:
             raw = json.loads(payload)
-            if raw.get("v") != 1:
-                raise SessionRecordError(f"session {session_id}: unsupported record version {raw.get('v')!r}")
+            if not isinstance(raw, dict) or raw.get("v") != STATE_VERSION:
+                version = raw.get("v") if isinstance(raw, dict) else None
+                raise SessionRecordError(f"session {session_id}: unsupported state version {version!r}")
+            initialize = raw["initialize"]
+            if not isinstance(initialize, dict):
+                raise TypeError("initialize is not an object")
+            owner = raw.get("owner")
+            if owner is not None and not isinstance(owner, dict):
+                raise TypeError("owner is not an object")
+            get_stream = raw.get("getStream")
             return cls(
-                session_id=session_id,
-                initialize_params=dict(raw["initialize"]),
-                protocol_version=str(raw["protocolVersion"]),
-                get_stream=int(raw["getStream"]),
-                owner=raw.get("owner"),
-                epoch=epoch,
+                initialize_params=initialize,
+                owner=owner,
+                get_stream=int(get_stream) if get_stream is not None else None,
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise SessionRecordError(f"session {session_id}: unreadable initialize record: {e}") from e
+        except SessionRecordError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise SessionRecordError(f"session {session_id}: unreadable state: {e}") from e
 
 
-class InitCapture:
-    """The body of a session's opening request, teed off the ASGI ``receive`` by the manager,
-    so the store can record the client's ``initialize`` params once the server accepted them."""
-
-    def __init__(self, owner: dict[str, Any] | None = None) -> None:
-        self.owner = owner
-        self._body = bytearray()
-        self._parsed: tuple[str, dict[str, Any]] | None = None
-        self._parse_failed = False
-
-    def feed(self, chunk: bytes) -> None:
-        self._body.extend(chunk)
-
-    def initialize_request(self) -> tuple[str, dict[str, Any]] | None:
-        """``(str(request id), params)`` of the captured initialize request, if it is one."""
-        if self._parsed is None and not self._parse_failed:
-            try:
-                raw = json.loads(bytes(self._body))
-            except ValueError:
-                self._parse_failed = True
-                return None
-            if isinstance(raw, dict) and raw.get("method") == "initialize" and "id" in raw:
-                params = raw.get("params")
-                self._parsed = (str(raw["id"]), params if isinstance(params, dict) else {})
-            else:
-                self._parse_failed = True
-        return self._parsed
+def initialize_params(body: bytes) -> dict[str, Any] | None:
+    """The params of an ``initialize`` request body, or None when the body is not one."""
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(raw, dict) and raw.get("method") == "initialize" and "id" in raw:
+        params = raw.get("params")
+        return params if isinstance(params, dict) else {}
+    return None

@@ -13,13 +13,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mcp_types import ErrorData, JSONRPCError, RequestId
+from mcp_types import ErrorData, JSONRPCError, JSONRPCNotification, RequestId
 
 from ._proto import cursorlog_pb2 as pb
 from .errors import PRODUCER_ABORTED, RESUME_DISCONTINUITY
 
-SESSION_INIT_CORRELATION = "mcp:session-init"
-"""Correlation of the stream holding a session's initialize record (its terminal frame)."""
+STANDALONE_CORRELATION = "mcp:standalone"
+"""Correlation of a session's standalone (GET) stream; never issued for a request."""
 
 _RESERVED_PREFIX = "mcp:"
 _ESCAPED_PREFIX = "mcp:req:"
@@ -31,7 +31,7 @@ def correlation_for_request(sdk_stream_id: str) -> str:
 
     Request ids are used verbatim, except ids that start with ``mcp:`` (the adapter's
     reserved namespace), which get the prefix ``mcp:req:`` so that no request can take the
-    correlation of a session's initialize record.
+    correlation of a session's standalone stream.
     """
     if sdk_stream_id.startswith(_RESERVED_PREFIX):
         return _ESCAPED_PREFIX + sdk_stream_id
@@ -157,14 +157,51 @@ def discontinuity_error(request_id: RequestId | None, reason: Reason, facts: dic
     return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=code, message=message, data=data))
 
 
+def gap_notice(facts: dict[str, Any], first_seq: int | None = None, last_seq: int | None = None) -> JSONRPCNotification:
+    """The ``notifications/message`` warning that marks evicted events where the client sees them.
+
+    Sent before the retained rest of the stream, so the client knows that messages between its
+    cursor and the next event are gone (``data.lostSeqs``) and that what follows is still the
+    truth: the call goes on and its real result will arrive.
+    """
+    data: dict[str, Any] = {
+        "reason": Reason.CURSOR_EVICTED.value,
+        "message": (
+            "some messages of this stream were evicted from the event log before they could be "
+            "delivered; the stream continues with what is still retained"
+        ),
+        **facts,
+    }
+    if first_seq is not None and last_seq is not None:
+        data["lostSeqs"] = [first_seq, last_seq]
+    return JSONRPCNotification(
+        jsonrpc="2.0",
+        method="notifications/message",
+        params={"level": "warning", "logger": "cursorlog", "data": data},
+    )
+
+
+class EvictedMode(enum.StrEnum):
+    """What a resumed call whose cursor was evicted gets (``CursorlogEventStore(on_evicted=...)``)."""
+
+    GAP = "gap"
+    """A ``notifications/message`` warning with the verdict's facts, then the retained rest of
+    the stream and its result ("state as truth"). The default."""
+    ERROR = "error"
+    """A ``-32011`` error response that ends the pending call (re-issue it)."""
+
+
 class Action(enum.Enum):
     """What a replica does with a Last-Event-ID, decided by the verdict alone."""
 
     REPLAY_AND_FOLLOW = "replay_and_follow"
-    """RESUMABLE: replay after the cursor, follow live appends until the stream's end."""
-    DELIVER_OUTCOME = "deliver_outcome"
-    """STREAM_TERMINATED and the client may lack the terminal frame: deliver the stored frame
-    once if it is after the cursor; fail if the stream ended without one."""
+    """RESUMABLE, or a finished stream whose end the client missed: replay after the cursor
+    (with ``resume_own_stream``), follow live appends until the stream's end."""
+    GAP_AND_FOLLOW = "gap_and_follow"
+    """CURSOR_EVICTED: mark the gap, then replay the retained rest and follow."""
+    CHECK_OUTCOME = "check_outcome"
+    """A stream that ended ABORTED/SUPERSEDED at the cursor: the client has an answer only if
+    the stream ended with a frame at or before the cursor."""
     END = "end"
     """EPOCH_MISMATCH, or a COMPLETED stream at its terminal seq: nothing to deliver."""
     FAIL = "fail"
@@ -187,19 +224,22 @@ _FAIL_REASONS: dict[int, Reason] = {
 }
 
 
-def plan(resolution: pb.Resolution) -> Plan:
-    """The action for a Resolution (the verdict table of the README, for the MCP SDK)."""
+def plan(resolution: pb.Resolution, on_evicted: EvictedMode = EvictedMode.GAP) -> Plan:
+    """The action for a Resolution of a client resuming its own stream (a GET with
+    Last-Event-ID), per the corrected verdict table of DESIGN.md."""
     verdict = resolution.verdict
     if verdict == pb.RESUMABLE:
         return Plan(Action.REPLAY_AND_FOLLOW)
     if verdict == pb.STREAM_TERMINATED:
         if resolution.missed_terminal_frame:
-            return Plan(Action.DELIVER_OUTCOME)
+            return Plan(Action.REPLAY_AND_FOLLOW)
         if resolution.stream_state == pb.STREAM_STATE_COMPLETED:
             return Plan(Action.END)  # the cursor is the result frame: the client has everything
         # ABORTED/SUPERSEDED: the terminal seq is the head when there is no terminal frame, so
-        # a client at it has no answer. The outcome tells whether a frame exists.
-        return Plan(Action.DELIVER_OUTCOME)
+        # a client at it may have no answer. The outcome tells whether a frame exists.
+        return Plan(Action.CHECK_OUTCOME)
+    if verdict == pb.CURSOR_EVICTED and on_evicted is EvictedMode.GAP:
+        return Plan(Action.GAP_AND_FOLLOW, Reason.CURSOR_EVICTED)
     if verdict == pb.EPOCH_MISMATCH:
         return Plan(Action.END)
     reason = _FAIL_REASONS.get(verdict)

@@ -1,82 +1,82 @@
 """The cursorlog ``EventStore`` for the MCP Python SDK.
 
-``CursorlogEventStore`` is the process-wide root: it owns the cursorlog connection and keeps
-the producer leases of the streams this process writes alive. It is deliberately unusable as
-an ``EventStore`` itself: the SDK gives one store instance to every session's transport and
-never tells it the session, so the root refuses every call (``SessionBindingError``).
-``CursorlogSessionManager`` gives each session's transport ``root.for_session(session_id)``,
-a ``SessionEventStore`` that passes the real MCP session id to every cursorlog call.
+One ``CursorlogEventStore`` serves every session of a process. The SDK never tells a store
+which session it is storing for; ``CursorlogMiddleware`` names it for every HTTP request (see
+``binding``), and every cursorlog call this store makes carries that session. Event ids are
+cursorlog cursors ``{epoch}-{stream}-{seq}``, which cursorlog interprets only inside the
+session they are presented in.
+
+Appends of all sessions are coalesced into shared ``AppendBatch`` calls (``batcher``). A store
+that cannot store raises (a typed ``CursorlogError``): it never hands the SDK an event id of an
+event it did not store.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import anyio
 import grpc
-from mcp.server.streamable_http import GET_STREAM_KEY, EventCallback, EventId, EventMessage, EventStore, StreamId
-from mcp_types import (
-    JSONRPCError,
-    JSONRPCMessage,
-    JSONRPCNotification,
-    JSONRPCRequest,
-    JSONRPCResponse,
-    jsonrpc_message_adapter,
-)
-from pydantic import ValidationError
+from mcp.server.streamable_http import GET_STREAM_KEY, EventCallback, EventId, EventStore, StreamId
+from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
+from mcp_types.version import is_version_at_least
 
 from ._proto import cursorlog_pb2 as pb
+from .batcher import AppendBatcher
+from .binding import Binding, current_binding
 from .client import CursorlogClient
-from .errors import (
-    CursorlogError,
-    CursorlogFailedPrecondition,
-    CursorlogMcpError,
-    CursorlogNotFound,
-    CursorlogUnavailable,
-    SessionBindingError,
-)
-from .record import InitCapture, SessionRecord
-from .resume import (
-    SESSION_INIT_CORRELATION,
-    Action,
-    Plan,
-    Reason,
-    aborted_reason,
-    correlation_for_request,
-    discontinuity_error,
-    plan,
-    request_id_from_correlation,
-    resolution_facts,
-    state_name,
-    verdict_name,
-)
+from .errors import CursorlogError, CursorlogFailedPrecondition, CursorlogNotFound, SessionRecordError
+from .record import SessionState, initialize_params
+from .resume import STANDALONE_CORRELATION, EvictedMode, correlation_for_request
 
 logger = logging.getLogger("cursorlog_mcp")
-resume_logger = logging.getLogger("cursorlog_mcp.resume")
 
 DEFAULT_LEASE_MS = 10_000
-SESSION_RECORD_KIND = "mcp.session-init"
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-_PROBE_CURSOR = "0-0-0"
-"""A cursor no session ever issues (epochs start at 1): Resolve answers UNKNOWN_SESSION for a
-missing or expired session and EPOCH_MISMATCH (with the current epoch) otherwise."""
+SYNTHETIC_EVENT_ID = "cursorlog-restore"
+"""The id of events of the adapter's own restore handshake, which no client ever sees."""
+RESUME_HANDOVER_TIMEOUT_S = 2.0
+"""How long a locally produced stream waits for the SDK to re-register a resumed connection
+before its producer goes on (the SDK then serves the connection the replay alone)."""
+
+FailureListener = Callable[[str, CursorlogError], None]
 
 
 @dataclass
 class _Stream:
     """A request stream this process produces."""
 
+    session: str
     sdk_stream_id: str
     stream: int
     epoch: int
     correlation: str
     next_seq: int = 1
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    renewed_at: float = field(default_factory=time.monotonic)
+    handover: asyncio.TimerHandle | None = None
+    """Set while a resumed connection is being handed over to the SDK (``replay``)."""
+
+    def head_cursor(self) -> str:
+        return f"{self.epoch}-{self.stream}-{self.next_seq - 1}"
+
+
+@dataclass
+class _Session:
+    """What this process knows of a session it serves."""
+
+    session_id: str
+    epoch: int
+    state: SessionState
+    streams: dict[str, _Stream] = field(default_factory=dict)
+    by_stream: dict[int, _Stream] = field(default_factory=dict)
+    used_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def get_stream(self) -> int | None:
+        return self.state.get_stream
 
 
 def _kind(message: JSONRPCMessage) -> str:
@@ -96,21 +96,16 @@ def _wire(message: JSONRPCMessage) -> bytes:
     return message.model_dump_json(by_alias=True, exclude_unset=True).encode()
 
 
-def _parse(payload: bytes, event_id: str) -> JSONRPCMessage:
-    try:
-        return jsonrpc_message_adapter.validate_json(payload, by_name=False)
-    except ValidationError as e:
-        raise CursorlogMcpError(f"event {event_id} does not hold a JSON-RPC message: {e}") from e
-
-
 class CursorlogEventStore(EventStore):
-    """Process-wide root of the cursorlog event store. Bind it per session with ``for_session``.
+    """The SDK's ``EventStore``, backed by cursorlog, for every session of this process.
 
-    ``lease_ms`` is the producer lease of every request stream: if this process stops renewing
-    it (it died, or lost cursorlog for that long), cursorlog aborts the stream and a client
-    resuming it anywhere gets an explicit error instead of waiting forever. Leases are renewed
-    every ``keepalive_interval_ms`` (default: a third of the lease) while ``running()`` is
-    entered; ``CursorlogSessionManager.run()`` enters it.
+    Pass it to the SDK as ``event_store=`` and wrap the SDK's app in ``CursorlogMiddleware``
+    (which names the session of every call). ``lease_ms`` is the producer lease of every
+    request stream: if this process stops renewing it (it died, or lost cursorlog for that
+    long), cursorlog aborts the stream and a client resuming it anywhere gets an explicit error
+    instead of waiting forever. ``on_evicted`` chooses what a client resuming an evicted cursor
+    gets (``"gap"``: a warning, then the retained rest and the result; ``"error"``: ``-32011``).
+    ``max_in_flight`` bounds the ``AppendBatch`` calls on the wire at once.
     """
 
     def __init__(
@@ -118,113 +113,178 @@ class CursorlogEventStore(EventStore):
         target: str | CursorlogClient,
         *,
         lease_ms: int = DEFAULT_LEASE_MS,
-        keepalive_interval_ms: int | None = None,
         token: str | None = None,
+        on_evicted: EvictedMode | str = EvictedMode.GAP,
+        max_in_flight: int = 1,
     ) -> None:
-        if lease_ms < 1:
-            raise ValueError("lease_ms must be >= 1")
+        if lease_ms < 3:
+            raise ValueError("lease_ms must be >= 3")
         self.client = target if isinstance(target, CursorlogClient) else CursorlogClient(target, token=token)
         self._owns_client = not isinstance(target, CursorlogClient)
         self.lease_ms = lease_ms
-        interval = keepalive_interval_ms if keepalive_interval_ms is not None else max(lease_ms // 3, 20)
-        if not 0 < interval < lease_ms:
-            raise ValueError("keepalive_interval_ms must be positive and shorter than lease_ms")
-        self._keepalive_interval_s = interval / 1000
-        self._leases: dict[tuple[str, int], str] = {}
-
-    # -- the root refuses to act as a store ------------------------------------------------
-    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
-        raise SessionBindingError(
-            f"CursorlogEventStore.store_event({stream_id!r}) called on the unbound root store: the SDK "
-            "does not say which session the stream belongs to. Serve through CursorlogSessionManager, "
-            "which binds store.for_session(<Mcp-Session-Id>) to each session's transport."
-        )
-
-    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
-        raise SessionBindingError(
-            f"CursorlogEventStore.replay_events_after({last_event_id!r}) called on the unbound root store; "
-            "serve through CursorlogSessionManager."
-        )
-
-    # -- binding -----------------------------------------------------------------------------
-    def for_session(
-        self,
-        session_id: str,
-        *,
-        record: SessionRecord | None = None,
-        init_capture: InitCapture | None = None,
-    ) -> SessionEventStore:
-        """The store for one MCP session: every cursorlog call it makes names ``session_id``."""
-        return SessionEventStore(self, session_id, record=record, init_capture=init_capture)
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[CursorlogEventStore]:
-        """Renews producer leases in the background while entered; closes the client after."""
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._keepalive_loop)
-                try:
-                    yield self
-                finally:
-                    tg.cancel_scope.cancel()
-        finally:
-            if self._owns_client:
-                with anyio.CancelScope(shield=True):
-                    await self.client.close()
+            self.on_evicted = EvictedMode(on_evicted)
+        except ValueError:
+            raise ValueError(f"on_evicted must be 'gap' or 'error', not {on_evicted!r}") from None
+        self._max_in_flight = max_in_flight
+        self._batcher: AppendBatcher | None = None
+        self._batcher_loop: asyncio.AbstractEventLoop | None = None
+        self._sessions: dict[str, _Session] = {}
+        self._loading: dict[str, asyncio.Lock] = {}
+        self._listeners: list[FailureListener] = []
+        self._maintainer: asyncio.Task[None] | None = None
+        self._idle_ttl_ms: int | None = None
 
-    def _hold_lease(self, session: str, stream: int, label: str) -> None:
-        self._leases[(session, stream)] = label
+    @property
+    def idle_ttl_ms(self) -> int | None:
+        """The server's session idle TTL (from ``GetSession``), once known; 0: no idle expiry."""
+        return self._idle_ttl_ms
 
-    def _release_lease(self, session: str, stream: int) -> None:
-        self._leases.pop((session, stream), None)
+    @idle_ttl_ms.setter
+    def idle_ttl_ms(self, value: int | None) -> None:
+        changed, self._idle_ttl_ms = value != self._idle_ttl_ms, value
+        task = self._maintainer
+        if changed and task is not None and not task.done():
+            # Its renewal period depends on the TTL: start it again with the new one.
+            task.cancel()
+            self._maintainer = None
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._ensure_maintainer()
 
-    def held_leases(self) -> list[tuple[str, int]]:
-        """(session, stream) of every stream whose lease this process renews."""
-        return list(self._leases)
+    # -- plumbing ------------------------------------------------------------------------------
+    @property
+    def batcher(self) -> AppendBatcher:
+        """The append coalescer of the running event loop."""
+        loop = asyncio.get_running_loop()
+        if self._batcher is None or self._batcher_loop is not loop:
+            self._batcher = AppendBatcher(self.client, max_in_flight=self._max_in_flight)
+            self._batcher_loop = loop
+        return self._batcher
 
-    async def _keepalive_loop(self) -> None:
-        while True:
-            await anyio.sleep(self._keepalive_interval_s)
-            held = list(self._leases.items())
-            if not held:
-                continue
-            async with anyio.create_task_group() as tg:
-                for (session, stream), label in held:
-                    tg.start_soon(self._renew, session, stream, label)
+    def add_failure_listener(self, listener: FailureListener) -> None:
+        """``listener(session, error)`` runs when an event of ``session`` could not be stored
+        (the SDK stops routing that session's messages; the middleware then ends it)."""
+        self._listeners.append(listener)
 
-    async def _renew(self, session: str, stream: int, label: str) -> None:
+    def _failed(self, session: str, error: CursorlogError) -> None:
+        for listener in self._listeners:
+            try:
+                listener(session, error)
+            except Exception:  # a listener's bug must not hide the storage failure
+                logger.exception("cursorlog-mcp failure listener raised")
+
+    def _ensure_maintainer(self) -> None:
+        task = self._maintainer
+        loop = asyncio.get_running_loop()
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._maintainer = loop.create_task(self._maintain(), name="cursorlog-mcp leases")
+
+    async def aclose(self) -> None:
+        """Stops renewing leases, waits for queued appends, closes the client if it owns it."""
+        task, self._maintainer = self._maintainer, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._batcher is not None and self._batcher_loop is asyncio.get_running_loop():
+            await self._batcher.drain()
+        if self._owns_client:
+            await self.client.close()
+
+    # -- sessions --------------------------------------------------------------------------------
+    def known_session(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def session_owner(self, session_id: str) -> dict[str, object] | None:
+        """The credential that created a session this process knows (None: unauthenticated)."""
+        known = self._sessions.get(session_id)
+        return known.state.owner if known is not None else None
+
+    async def lookup_session(self, session_id: str) -> SessionState | None:
+        """The session's state if it is alive in cursorlog (renewing its idle TTL), else None
+        (never opened, expired, past its horizon, or created without cursorlog-mcp state)."""
         try:
-            await self.client.keep_alive(session, stream)
-        except (CursorlogFailedPrecondition, CursorlogNotFound) as e:
-            if self._leases.pop((session, stream), None) is not None:
-                logger.warning(
-                    "stopped renewing the lease of stream %d (session %s, SDK stream %s): %s", stream, session, label, e
-                )
-        except CursorlogError as e:
-            logger.warning("could not renew the lease of stream %d (session %s): %s; retrying", stream, session, e)
-
-    # -- sessions (used by the manager) -----------------------------------------------------
-    async def session_epoch(self, session_id: str) -> int | None:
-        """The session's current epoch; None when it is unknown to cursorlog or expired."""
-        resolution = await self.client.resolve(session_id, _PROBE_CURSOR)
-        if resolution.verdict == pb.UNKNOWN_SESSION:
+            found = await self.client.get_session(session_id)
+        except CursorlogNotFound:
+            found = None
+        if found is not None:
+            self.idle_ttl_ms = found.idle_ttl_ms
+        if found is None or found.expired or not found.state:
+            gone = self._sessions.pop(session_id, None)
+            if gone is not None:
+                await self._abandon_all(gone, "session ended")
             return None
-        return resolution.current_epoch
+        state = SessionState.from_json(session_id, found.state)
+        known = self._sessions.get(session_id)
+        if known is None:
+            self._sessions[session_id] = _Session(session_id, found.epoch, state)
+        else:
+            known.epoch, known.state, known.used_at = found.epoch, state, time.monotonic()
+        self._ensure_maintainer()
+        return state
 
-    async def load_session_record(self, session_id: str) -> SessionRecord | None:
-        """The initialize record of a live session, or None (never initialized through
-        cursorlog-mcp, expired, or forgotten)."""
-        found = await self.client.get_outcome(session_id, correlation=SESSION_INIT_CORRELATION)
-        if not found.found or found.outcome.state != pb.STREAM_STATE_COMPLETED or not found.outcome.HasField("frame"):
-            return None
-        epoch = await self.session_epoch(session_id)
-        if epoch is None:
-            return None
-        return SessionRecord.from_json(session_id, found.outcome.frame.payload, epoch)
+    async def _session_for(self, binding: Binding) -> _Session:
+        known = self._sessions.get(binding.session)
+        if known is not None:
+            known.used_at = time.monotonic()
+            return known
+        lock = self._loading.setdefault(binding.session, asyncio.Lock())
+        async with lock:
+            known = self._sessions.get(binding.session)
+            if known is not None:
+                return known
+            if binding.opening:
+                known = await self._create_session(binding)
+            else:
+                state = await self.lookup_session(binding.session)
+                known = self._sessions.get(binding.session)
+                if state is None or known is None:
+                    raise CursorlogNotFound(
+                        "GetSession",
+                        grpc.StatusCode.NOT_FOUND,
+                        f"session {binding.session} is unknown or expired in cursorlog",
+                    )
+            self._loading.pop(binding.session, None)
+            return known
 
-    async def expire_session(self, session_id: str) -> None:
-        """Expires the session in cursorlog (its open streams are aborted)."""
+    async def _create_session(self, binding: Binding) -> _Session:
+        params = initialize_params(bytes(binding.body))
+        if params is None:
+            raise SessionRecordError(f"session {binding.session}: its opening request is not an initialize request")
+        state = SessionState(initialize_params=params, owner=binding.owner())
+        opened = await self.client.open_session(binding.session, state=state.to_json())
+        # No lease: the standalone stream lives as long as the session, whichever replica
+        # serves it; ExpireSession (DELETE, idle TTL) aborts it.
+        get = await self.client.open_stream(binding.session, opened.epoch, correlation=STANDALONE_CORRELATION)
+        state = SessionState(initialize_params=params, owner=state.owner, get_stream=get.stream)
+        await self.client.set_session_state(binding.session, state.to_json())
+        if self.idle_ttl_ms is None:
+            self.idle_ttl_ms = (await self.client.get_session(binding.session)).idle_ttl_ms
+        session = _Session(binding.session, opened.epoch, state)
+        self._sessions[binding.session] = session
+        self._ensure_maintainer()
+        logger.info("session %s: opened in cursorlog (standalone stream %d)", binding.session, get.stream)
+        return session
+
+    async def standalone_cursor(self, session_id: str) -> str | None:
+        """The cursor at the head of the session's standalone stream (a plain GET follows it
+        from there), or None when the session or its standalone stream is unknown."""
+        session = self._sessions.get(session_id)
+        if session is None or session.get_stream is None:
+            return None
+        resolution = await self.client.resolve(session_id, f"{session.epoch}-{session.get_stream}-0")
+        if resolution.verdict == pb.EPOCH_MISMATCH and resolution.HasField("current_epoch"):
+            return None
+        return f"{session.epoch}-{session.get_stream}-{resolution.head}"
+
+    async def end_session(self, session_id: str) -> None:
+        """The client deleted the session: expire it in cursorlog (aborting its open streams)."""
+        gone = self._sessions.pop(session_id, None)
+        if gone is not None:
+            for stream in list(gone.streams.values()):
+                gone.streams.pop(stream.sdk_stream_id, None)
         try:
             expired = await self.client.expire_session(session_id)
         except (CursorlogNotFound, CursorlogFailedPrecondition) as e:
@@ -232,400 +292,255 @@ class CursorlogEventStore(EventStore):
             return
         logger.info("expired session %s in cursorlog (aborted streams %s)", session_id, list(expired.aborted_streams))
 
+    async def forget(self, session_id: str, reason: str) -> None:
+        """This process stopped serving the session: abort the request streams it still
+        produces (their requests cannot finish any more) and drop what it knows."""
+        gone = self._sessions.pop(session_id, None)
+        if gone is not None:
+            await self._abandon_all(gone, reason)
 
-class SessionEventStore(EventStore):
-    """The event store of one MCP session (see module docstring). Event ids are cursorlog
-    cursors ``{epoch}-{stream}-{seq}``, which cursorlog interprets only inside this session."""
+    async def _abandon_all(self, session: _Session, reason: str) -> None:
+        for stream in list(session.streams.values()):
+            await self._abandon(session, stream, reason)
 
-    def __init__(
-        self,
-        root: CursorlogEventStore,
-        session_id: str,
-        *,
-        record: SessionRecord | None = None,
-        init_capture: InitCapture | None = None,
-    ) -> None:
-        if not session_id:
-            raise SessionBindingError("SessionEventStore needs a non-empty MCP session id")
-        self._root = root
-        self._client = root.client
-        self.session_id = session_id
-        self._record = record
-        self._capture = init_capture
-        self._epoch: int | None = record.epoch if record is not None else None
-        self._get_stream: int | None = record.get_stream if record is not None else None
-        self._streams: dict[str, _Stream] = {}
-        self._session_lock = anyio.Lock()
-        self._closed = False
-
-    @property
-    def record(self) -> SessionRecord | None:
-        """The session's initialize record, once written or loaded."""
-        return self._record
-
-    @property
-    def get_stream(self) -> int | None:
-        """The session's standalone (GET) cursorlog stream, once known."""
-        return self._get_stream
-
-    # -- producing -----------------------------------------------------------------------------
-    async def _current_epoch(self, refresh: bool = False) -> int:
-        async with self._session_lock:
-            if self._epoch is None or refresh:
-                opened = await self._client.open_session(self.session_id)
-                self._epoch = opened.epoch
-            return self._epoch
-
-    async def _ensure_get_stream(self) -> int:
-        epoch = await self._current_epoch()
-        async with self._session_lock:
-            if self._get_stream is None:
-                # No lease: the standalone stream lives as long as the session, whichever replica
-                # serves it; ExpireSession (DELETE) aborts it.
-                opened = await self._client.open_stream(self.session_id, epoch)
-                self._get_stream = opened.stream
-                logger.debug("session %s: standalone stream is %d", self.session_id, opened.stream)
-            return self._get_stream
-
-    async def _open_request_stream(self, sdk_stream_id: str) -> tuple[_Stream, str]:
-        correlation = correlation_for_request(sdk_stream_id)
-        epoch = await self._current_epoch()
+    async def _abandon(self, session: _Session, stream: _Stream, reason: str) -> None:
+        if session.streams.get(stream.sdk_stream_id) is stream:
+            del session.streams[stream.sdk_stream_id]
+        session.by_stream.pop(stream.stream, None)
         try:
-            opened = await self._client.open_stream(
-                self.session_id, epoch, correlation=correlation, lease_ms=self._root.lease_ms
-            )
-        except CursorlogFailedPrecondition:
-            # A stale epoch (someone advanced it) is retried once in the current epoch; an
-            # expired session fails again and propagates.
-            epoch = await self._current_epoch(refresh=True)
-            opened = await self._client.open_stream(
-                self.session_id, epoch, correlation=correlation, lease_ms=self._root.lease_ms
-            )
-        stream = _Stream(sdk_stream_id=sdk_stream_id, stream=opened.stream, epoch=opened.epoch, correlation=correlation)
-        self._root._hold_lease(self.session_id, opened.stream, sdk_stream_id)
-        return stream, opened.start_event_id
-
-    async def _abandon(self, stream: _Stream, reason: str) -> None:
-        self._root._release_lease(self.session_id, stream.stream)
-        try:
-            await self._client.abort(self.session_id, stream.stream, reason)
+            await self.client.abort(session.session_id, stream.stream, reason[:256])
         except (CursorlogFailedPrecondition, CursorlogNotFound) as e:
-            # Already terminal (completed, aborted by its lease, session expired): nothing to end.
-            logger.debug("session %s: stream %d already ended: %s", self.session_id, stream.stream, e)
+            logger.debug("session %s: stream %d already ended: %s", session.session_id, stream.stream, e)
         except CursorlogError as e:
             logger.warning(
                 "session %s: could not abort stream %d (%s); its lease will end it: %s",
-                self.session_id,
+                session.session_id,
                 stream.stream,
                 reason,
                 e,
             )
 
+    # -- producing -------------------------------------------------------------------------------
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        binding = current_binding("store_event")
+        if stream_id in binding.synthetic_streams:
+            return SYNTHETIC_EVENT_ID
+        session = await self._session_for(binding)
         if message is None:
-            return await self._prime(stream_id)
-        if self._closed:
-            logger.warning(
-                "session %s: %s on SDK stream %s after the session closed on this replica; not recorded",
-                self.session_id,
-                _kind(message),
-                stream_id,
-            )
-            return ""
+            return await self._prime(session, stream_id)
         try:
-            return await self._record_message(stream_id, message)
+            return await self._record(session, stream_id, message)
         except CursorlogError as e:
-            # Raising here would end the SDK's message router for the whole session. The message
-            # still goes to a connected client, without an event id, so the client's resumption
-            # cursor stays at the last recorded event.
             logger.error(
-                "session %s: could not record %s on SDK stream %s in cursorlog; sent without an event id: %s",
-                self.session_id,
+                "session %s: could not store %s on SDK stream %s: %s; the session is ended on this replica",
+                session.session_id,
                 _kind(message),
                 stream_id,
                 e,
             )
-            return ""
+            self._failed(session.session_id, e)
+            raise
 
-    async def _prime(self, stream_id: StreamId) -> EventId:
-        """Priming event of a new SDK stream: open its cursorlog stream, append nothing."""
-        if self._closed:
-            raise SessionBindingError(f"session {self.session_id} is closed on this replica")
-        if stream_id == GET_STREAM_KEY:
-            get = await self._ensure_get_stream()
-            epoch = await self._current_epoch()
-            resolution = await self._client.resolve(self.session_id, f"{epoch}-{get}-0")
-            return f"{epoch}-{get}-{resolution.head}"
-        previous = self._streams.pop(stream_id, None)
+    async def _open_request_stream(self, session: _Session, sdk_stream_id: str) -> _Stream:
+        correlation = correlation_for_request(sdk_stream_id)
+        try:
+            opened = await self.client.open_stream(
+                session.session_id, session.epoch, correlation=correlation, lease_ms=self.lease_ms
+            )
+        except CursorlogFailedPrecondition:
+            # A stale epoch (someone advanced it) is retried once in the current epoch; an
+            # expired session fails again and propagates.
+            state = await self.lookup_session(session.session_id)
+            if state is None:
+                raise
+            opened = await self.client.open_stream(
+                session.session_id, session.epoch, correlation=correlation, lease_ms=self.lease_ms
+            )
+        stream = _Stream(session.session_id, sdk_stream_id, opened.stream, opened.epoch, correlation)
+        previous = session.streams.get(sdk_stream_id)
         if previous is not None:
-            await self._abandon(previous, "request id reused by a new request")
-        stream, start_event_id = await self._open_request_stream(stream_id)
-        self._streams[stream_id] = stream
-        return start_event_id
+            await self._abandon(session, previous, "request id reused by a new request")
+        session.streams[sdk_stream_id] = stream
+        session.by_stream[stream.stream] = stream
+        return stream
 
-    async def _record_message(self, stream_id: StreamId, message: JSONRPCMessage) -> EventId:
+    async def _prime(self, session: _Session, stream_id: StreamId) -> EventId:
+        """Priming event of an SDK stream: a cursor before anything it will carry."""
+        if stream_id == GET_STREAM_KEY:
+            cursor = await self.standalone_cursor(session.session_id)
+            if cursor is None:
+                raise CursorlogNotFound(
+                    "Resolve", grpc.StatusCode.NOT_FOUND, f"session {session.session_id} has no standalone stream"
+                )
+            return cursor
+        existing = session.streams.get(stream_id)
+        if existing is not None and existing.handover is not None:
+            # The SDK re-registered a connection this store resumed (see replay): its priming
+            # cursor is the head the replay delivered up to, and the producer may go on.
+            cursor = existing.head_cursor()
+            self._end_handover(existing)
+            return cursor
+        stream = await self._open_request_stream(session, stream_id)
+        return f"{stream.epoch}-{stream.stream}-0"
+
+    def _end_handover(self, stream: _Stream) -> None:
+        handle, stream.handover = stream.handover, None
+        if handle is not None:
+            handle.cancel()
+            if stream.lock.locked():
+                stream.lock.release()
+
+    async def _record(self, session: _Session, stream_id: StreamId, message: JSONRPCMessage) -> EventId:
         payload = _wire(message)
         kind = _kind(message)
         if stream_id == GET_STREAM_KEY:
-            get = await self._ensure_get_stream()
+            if session.get_stream is None:
+                raise CursorlogNotFound(
+                    "Append", grpc.StatusCode.NOT_FOUND, f"session {session.session_id} has no standalone stream"
+                )
             # Any replica serving the session may append here, so no expected seq.
-            appended = await self._client.append(self.session_id, get, [pb.NewEvent(kind=kind, payload=payload)])
+            appended = await self.batcher.append(
+                session.session_id, session.get_stream, payload, kind=kind, expected_next_seq=None
+            )
             return str(appended.event_ids[0])
-        stream = self._streams.get(stream_id)
+        stream = session.streams.get(stream_id)
         if stream is None:
             # A client older than 2025-11-25 gets no priming event: open on the first message.
-            stream, _ = await self._open_request_stream(stream_id)
-            self._streams[stream_id] = stream
+            stream = await self._open_request_stream(session, stream_id)
         terminal = (
             isinstance(message, JSONRPCResponse | JSONRPCError)
             and message.id is not None
             and str(message.id) == stream_id
         )
         async with stream.lock:
-            if not terminal:
-                appended = await self._client.append(
-                    self.session_id,
-                    stream.stream,
-                    [pb.NewEvent(kind=kind, payload=payload)],
-                    expected_next_seq=stream.next_seq,
-                )
-                stream.next_seq = appended.last_seq + 1
-                return str(appended.event_ids[0])
-            if isinstance(message, JSONRPCResponse):
-                await self._maybe_write_session_record(stream_id, message)
             try:
-                done = await self._client.complete(
-                    self.session_id,
+                if not terminal:
+                    appended = await self.batcher.append(
+                        session.session_id, stream.stream, payload, kind=kind, expected_next_seq=stream.next_seq
+                    )
+                    stream.next_seq = appended.last_seq + 1
+                    stream.renewed_at = time.monotonic()
+                    return str(appended.event_ids[0])
+                done = await self.batcher.complete(
+                    session.session_id,
                     stream.stream,
-                    pb.NewEvent(kind=kind, correlation=stream.correlation, payload=payload),
+                    payload,
+                    kind=kind,
+                    correlation=stream.correlation,
                     expected_next_seq=stream.next_seq,
                 )
             except CursorlogError as e:
-                await self._abandon(stream, f"producer could not record the terminal frame: {e.code.name}")
+                await self._abandon(session, stream, f"producer could not store an event: {e.code.name}: {e.details}")
                 raise
-            finally:
-                self._root._release_lease(self.session_id, stream.stream)
-                if self._streams.get(stream_id) is stream:
-                    del self._streams[stream_id]
+            if session.streams.get(stream_id) is stream:
+                del session.streams[stream_id]
+            session.by_stream.pop(stream.stream, None)
+            stream.next_seq = done.terminal_seq + 1
             return done.terminal_event_id
-
-    async def _maybe_write_session_record(self, stream_id: str, response: JSONRPCResponse) -> None:
-        """When ``response`` answers the session's initialize request, store the initialize
-        record (before the client can see the response, so any replica can restore it)."""
-        capture = self._capture
-        if capture is None:
-            return
-        request = capture.initialize_request()
-        if request is None or request[0] != stream_id:
-            return
-        self._capture = None
-        _, params = request
-        result = response.result if isinstance(response.result, dict) else {}
-        negotiated = str(result.get("protocolVersion") or params.get("protocolVersion") or "")
-        try:
-            epoch = await self._current_epoch()
-            get = await self._ensure_get_stream()
-            record = SessionRecord(
-                session_id=self.session_id,
-                initialize_params=params,
-                protocol_version=negotiated,
-                get_stream=get,
-                owner=capture.owner,
-                epoch=epoch,
-            )
-            opened = await self._client.open_stream(self.session_id, epoch, correlation=SESSION_INIT_CORRELATION)
-            await self._client.complete(
-                self.session_id,
-                opened.stream,
-                pb.NewEvent(kind=SESSION_RECORD_KIND, correlation=SESSION_INIT_CORRELATION, payload=record.to_json()),
-                expected_next_seq=1,
-            )
-        except CursorlogError as e:
-            logger.error(
-                "session %s: could not store its initialize record; other replicas will answer 404 for it: %s",
-                self.session_id,
-                e,
-            )
-            return
-        self._record = record
-        logger.info("session %s: initialize record stored (standalone stream %d)", self.session_id, get)
-
-    async def close(self, reason: str = "session closed on this replica") -> None:
-        """Stops producing: aborts the request streams still open here (their requests cannot
-        finish any more) and stops renewing their leases."""
-        self._closed = True
-        streams, self._streams = list(self._streams.values()), {}
-        for stream in streams:
-            await self._abandon(stream, reason)
 
     # -- resuming ------------------------------------------------------------------------------
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
-        """Answers a ``Last-Event-ID`` with cursorlog's verdict, as the SDK client understands it.
+        """Answers a ``Last-Event-ID`` (a GET resuming its own stream) per the verdict table.
 
-        Returns None in every case: the resumed SSE response ends once everything is delivered
-        (the stream's terminal frame, or an error response), and live events are followed from
-        cursorlog, whichever replica appends them, rather than from this process.
+        A request stream this process is still producing is replayed up to its head and handed
+        back to the SDK (its stream id is returned), so the connection gets the SDK's priming
+        event and retry hint, ``close_sse_stream()`` works on it, and live events flow from
+        the producer directly. Any other stream (produced elsewhere, finished, or the
+        standalone stream) is followed from cursorlog until its end, and None is returned.
         """
-        read = self._client.read(self.session_id, last_event_id, follow=True)
+        from .replay import Replayer  # the replay half lives in its own module
+
+        binding = current_binding("replay_events_after")
+        session = await self._session_for(binding)
+        replayer = Replayer(self, session, last_event_id, send_callback)
+        local = self._local_stream(session, last_event_id)
+        if local is not None:
+            await local.lock.acquire()
+            if session.by_stream.get(local.stream) is not local:
+                local.lock.release()  # finished while we waited: follow it from cursorlog
+                local = None
+        if local is None:
+            await replayer.follow()
+            return None
+        handed_over = False
         try:
-            first = await read.__anext__()
-        except StopAsyncIteration as e:
-            raise CursorlogUnavailable("Read", _UNAVAILABLE, "Read ended before its Resolution") from e
-        try:
-            if first.WhichOneof("item") != "resolution":
-                raise CursorlogMcpError(f"Read sent {first.WhichOneof('item')!r} before its Resolution")
-            await self._act(first.resolution, last_event_id, read, send_callback)
+            handed_over = await replayer.up_to_head(local)
+            if not handed_over:
+                return None
+            if binding.protocol_version is not None and is_version_at_least(binding.protocol_version, "2025-11-25"):
+                # The SDK now stores a priming event for the stream (our _prime), then registers
+                # the connection for live events: the producer waits until then.
+                loop = asyncio.get_running_loop()
+                local.handover = loop.call_later(RESUME_HANDOVER_TIMEOUT_S, self._handover_timed_out, local)
+            return local.sdk_stream_id
         finally:
-            await read.aclose()
-        return None
+            if local.handover is None:
+                # No priming is coming (older protocol: the SDK registers the connection before
+                # anything else can run), or we are not handing over: the producer goes on.
+                local.lock.release()
 
-    def _is_get_stream(self, resolution: pb.Resolution) -> bool:
-        return (
-            self._get_stream is not None
-            and resolution.HasField("cursor")
-            and resolution.cursor.stream == self._get_stream
+    def _handover_timed_out(self, stream: _Stream) -> None:
+        logger.warning(
+            "session %s: the SDK did not re-register resumed stream %s within %.1fs; its producer goes on",
+            stream.session,
+            stream.sdk_stream_id,
+            RESUME_HANDOVER_TIMEOUT_S,
         )
+        stream.handover = None
+        if stream.lock.locked():
+            stream.lock.release()
 
-    async def _act(
-        self,
-        resolution: pb.Resolution,
-        last_event_id: str,
-        read: AsyncGenerator[pb.ReadResponse, None],
-        send: EventCallback,
-    ) -> None:
-        facts = resolution_facts(resolution, last_event_id)
-        correlation = resolution.correlation if resolution.HasField("correlation") else None
-        decided = plan(resolution)
-        if correlation == SESSION_INIT_CORRELATION:
-            # Never issued to a client: the session's own bookkeeping stream.
-            decided = Plan(Action.FAIL, Reason.UNKNOWN_CURSOR)
-        is_get = self._is_get_stream(resolution)
-        request_id = request_id_from_correlation(correlation)
-        level = logging.INFO if decided.action in (Action.REPLAY_AND_FOLLOW, Action.END) else logging.WARNING
-        resume_logger.log(
-            level,
-            "resume session=%s cursor=%s verdict=%s action=%s%s stream_kind=%s facts=%s",
-            self.session_id,
-            last_event_id,
-            verdict_name(resolution.verdict),
-            decided.action.value,
-            f"({decided.reason.value})" if decided.reason else "",
-            "standalone" if is_get else "request",
-            json.dumps(facts, sort_keys=True),
-        )
-        if decided.action is Action.REPLAY_AND_FOLLOW:
-            await self._follow(read, send, facts, request_id, is_get)
-        elif decided.action is Action.DELIVER_OUTCOME:
-            await self._deliver_outcome(resolution, send, facts, request_id, is_get)
-        elif decided.action is Action.FAIL:
-            assert decided.reason is not None
-            if is_get and decided.reason in (Reason.CURSOR_EVICTED, Reason.CURSOR_AHEAD):
-                await self._restart_standalone(send, decided.reason, facts)
-            else:
-                await send(EventMessage(discontinuity_error(request_id, decided.reason, facts), None))
+    def _local_stream(self, session: _Session, cursor: str) -> _Stream | None:
+        parts = cursor.split("-")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            return None
+        stream = session.by_stream.get(int(parts[1]))
+        if stream is None or int(parts[0]) != stream.epoch:
+            return None
+        return stream
 
-    async def _follow(
-        self,
-        read: AsyncGenerator[pb.ReadResponse, None],
-        send: EventCallback,
-        facts: dict[str, Any],
-        request_id: Any,
-        is_get: bool,
-    ) -> None:
-        answered = False
-        async for item in read:
-            which = item.WhichOneof("item")
-            if which == "events":
-                for event in item.events.events:
-                    message = _parse(event.payload, event.id)
-                    await send(EventMessage(message, event.id))
-                    if isinstance(message, JSONRPCResponse | JSONRPCError):
-                        answered = True
-            elif which == "end":
-                end = item.end
-                resume_logger.info(
-                    "resume session=%s cursor=%s stream ended state=%s terminal_seq=%d reason=%s",
-                    self.session_id,
-                    facts["cursor"],
-                    state_name(end.state),
-                    end.terminal_seq,
-                    end.reason or "-",
-                )
-                if not answered and not is_get:
-                    ended = {
-                        **facts,
-                        "state": state_name(end.state),
-                        "terminal_seq": end.terminal_seq,
-                        "detail": end.reason if end.HasField("reason") else facts.get("detail"),
-                    }
-                    reason = aborted_reason(end.state)
-                    resume_logger.warning(
-                        "resume session=%s cursor=%s stream ended without a response: %s",
-                        self.session_id,
-                        facts["cursor"],
-                        reason.value,
-                    )
-                    await send(EventMessage(discontinuity_error(request_id, reason, ended), None))
-                return
-            else:
-                raise CursorlogMcpError(f"Read sent a second {which!r}")
-        # The server ended the follow without `end` (shutting down). Raising closes the SSE
-        # response; the client reconnects with the last event id it received.
-        raise CursorlogUnavailable("Read", _UNAVAILABLE, f"follow of {facts['cursor']} ended before the stream's end")
+    # -- leases and session renewal ----------------------------------------------------------------
+    async def _maintain(self) -> None:
+        """Renews, every third of the shorter of the lease and the session idle TTL, the leases of
+        streams with no recent append and the sessions no recent call named."""
+        while True:
+            ttl = self.idle_ttl_ms or 0
+            period_ms = min(self.lease_ms, ttl) if ttl > 0 else self.lease_ms
+            interval = period_ms / 3000
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            calls = []
+            for session in list(self._sessions.values()):
+                for stream in list(session.by_stream.values()):
+                    if now - stream.renewed_at >= self.lease_ms / 3000:
+                        calls.append(self._renew_stream(session, stream, now))
+                if ttl > 0 and now - session.used_at >= ttl / 3000:
+                    calls.append(self._renew_session(session, now))
+            if calls:
+                await asyncio.gather(*calls)
 
-    async def _deliver_outcome(
-        self,
-        resolution: pb.Resolution,
-        send: EventCallback,
-        facts: dict[str, Any],
-        request_id: Any,
-        is_get: bool,
-    ) -> None:
-        if is_get:
-            return  # the standalone stream has no response to deliver
-        found = await self._client.get_outcome(self.session_id, stream=resolution.cursor.stream)
-        outcome = found.outcome
-        if found.found and outcome.HasField("frame") and outcome.frame.payload:
-            frame = outcome.frame
-            if frame.seq <= resolution.cursor.seq:
-                return  # the client already has the terminal frame
-            message = _parse(frame.payload, frame.id)
-            await send(EventMessage(message, frame.id))
-            return
-        ended = {**facts, "state": state_name(outcome.state) if found.found else facts.get("state")}
-        if found.found and outcome.HasField("reason"):
-            ended["detail"] = outcome.reason
-        reason = aborted_reason(outcome.state) if found.found else Reason.UNKNOWN_CURSOR
-        await send(EventMessage(discontinuity_error(request_id, reason, ended), None))
-
-    async def _restart_standalone(self, send: EventCallback, reason: Reason, facts: dict[str, Any]) -> None:
-        """The standalone stream has no pending call to fail (and may not carry a response):
-        tell the client about the gap with a log notification, then follow from the head."""
-        notice = JSONRPCNotification(
-            jsonrpc="2.0",
-            method="notifications/message",
-            params={
-                "level": "warning",
-                "logger": "cursorlog",
-                "data": {"reason": reason.value, "message": "server notifications were lost", **facts},
-            },
-        )
-        await send(EventMessage(notice, None))
-        epoch = await self._current_epoch()
-        assert self._get_stream is not None
-        head = (await self._client.resolve(self.session_id, f"{epoch}-{self._get_stream}-0")).head
-        fresh = f"{epoch}-{self._get_stream}-{head}"
-        read = self._client.read(self.session_id, fresh, follow=True)
+    async def _renew_stream(self, session: _Session, stream: _Stream, now: float) -> None:
         try:
-            first = await read.__anext__()
-            if first.WhichOneof("item") == "resolution" and first.resolution.verdict == pb.RESUMABLE:
-                await self._follow(read, send, resolution_facts(first.resolution, fresh), None, True)
-            else:
-                resume_logger.info(
-                    "resume session=%s standalone stream not resumable from its head %s: %s",
-                    self.session_id,
-                    fresh,
-                    verdict_name(first.resolution.verdict),
+            await self.client.keep_alive(session.session_id, stream.stream)
+            stream.renewed_at = now
+        except (CursorlogFailedPrecondition, CursorlogNotFound) as e:
+            if session.by_stream.pop(stream.stream, None) is not None:
+                session.streams.pop(stream.sdk_stream_id, None)
+                logger.warning(
+                    "stopped renewing the lease of stream %d (session %s, SDK stream %s): %s",
+                    stream.stream,
+                    session.session_id,
+                    stream.sdk_stream_id,
+                    e,
                 )
-        finally:
-            await read.aclose()
+        except CursorlogError as e:
+            logger.warning(
+                "could not renew the lease of stream %d (session %s): %s", stream.stream, session.session_id, e
+            )
+
+    async def _renew_session(self, session: _Session, now: float) -> None:
+        try:
+            await self.client.keep_alive(session.session_id)
+            session.used_at = now
+        except CursorlogError as e:
+            logger.warning("could not renew session %s in cursorlog: %s", session.session_id, e)

@@ -82,20 +82,58 @@ class Cursor(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., stream: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
+    __slots__ = ("session", "state")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    state: bytes
+    def __init__(self, session: _Optional[str] = ..., state: _Optional[bytes] = ...) -> None: ...
+
+class OpenSessionResponse(_message.Message):
+    __slots__ = ("session", "epoch", "created", "state")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    epoch: int
+    created: bool
+    state: bytes
+    def __init__(self, session: _Optional[str] = ..., epoch: _Optional[int] = ..., created: bool = ..., state: _Optional[bytes] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
     __slots__ = ("session",)
     SESSION_FIELD_NUMBER: _ClassVar[int]
     session: str
     def __init__(self, session: _Optional[str] = ...) -> None: ...
 
-class OpenSessionResponse(_message.Message):
-    __slots__ = ("session", "epoch", "created")
+class GetSessionResponse(_message.Message):
+    __slots__ = ("session", "epoch", "state", "expired", "opened_at_ms", "idle_ttl_ms")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
-    CREATED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     session: str
     epoch: int
-    created: bool
-    def __init__(self, session: _Optional[str] = ..., epoch: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
+    state: bytes
+    expired: bool
+    opened_at_ms: int
+    idle_ttl_ms: int
+    def __init__(self, session: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[bytes] = ..., expired: bool = ..., opened_at_ms: _Optional[int] = ..., idle_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class SetSessionStateRequest(_message.Message):
+    __slots__ = ("session", "state")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    state: bytes
+    def __init__(self, session: _Optional[str] = ..., state: _Optional[bytes] = ...) -> None: ...
+
+class SetSessionStateResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class AdvanceEpochRequest(_message.Message):
     __slots__ = ("session",)
@@ -157,6 +195,40 @@ class AppendRequest(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[NewEvent]
     def __init__(self, session: _Optional[str] = ..., stream: _Optional[int] = ..., expected_next_seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[NewEvent, _Mapping]]] = ...) -> None: ...
 
+class AppendBatchRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[BatchItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ...) -> None: ...
+
+class BatchItem(_message.Message):
+    __slots__ = ("append", "complete", "open")
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    append: AppendRequest
+    complete: CompleteRequest
+    open: OpenStreamRequest
+    def __init__(self, append: _Optional[_Union[AppendRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ..., open: _Optional[_Union[OpenStreamRequest, _Mapping]] = ...) -> None: ...
+
+class AppendBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ...) -> None: ...
+
+class BatchResult(_message.Message):
+    __slots__ = ("appended", "completed", "failure", "opened")
+    APPENDED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    appended: AppendResponse
+    completed: TerminateResponse
+    failure: Failure
+    opened: OpenStreamResponse
+    def __init__(self, appended: _Optional[_Union[AppendResponse, _Mapping]] = ..., completed: _Optional[_Union[TerminateResponse, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., opened: _Optional[_Union[OpenStreamResponse, _Mapping]] = ...) -> None: ...
+
 class AppendResponse(_message.Message):
     __slots__ = ("epoch", "stream", "first_seq", "last_seq", "duplicate", "event_ids")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -171,7 +243,7 @@ class AppendResponse(_message.Message):
     last_seq: int
     duplicate: bool
     event_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, epoch: _Optional[int] = ..., stream: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., stream: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., duplicate: bool = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AppendResult(_message.Message):
     __slots__ = ("appended", "failure")
@@ -214,16 +286,18 @@ class AbortRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., stream: _Optional[int] = ..., reason: _Optional[str] = ..., terminal: _Optional[_Union[NewEvent, _Mapping]] = ...) -> None: ...
 
 class TerminateResponse(_message.Message):
-    __slots__ = ("stream", "state", "terminal_seq", "terminal_event_id")
+    __slots__ = ("stream", "state", "terminal_seq", "terminal_event_id", "duplicate")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_SEQ_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     stream: int
     state: StreamState
     terminal_seq: int
     terminal_event_id: str
-    def __init__(self, stream: _Optional[int] = ..., state: _Optional[_Union[StreamState, str]] = ..., terminal_seq: _Optional[int] = ..., terminal_event_id: _Optional[str] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, stream: _Optional[int] = ..., state: _Optional[_Union[StreamState, str]] = ..., terminal_seq: _Optional[int] = ..., terminal_event_id: _Optional[str] = ..., duplicate: bool = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("session", "stream")
@@ -271,31 +345,43 @@ class Resolution(_message.Message):
     detail: str
     missed_terminal_frame: bool
     correlation: str
-    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., cursor: _Optional[_Union[Cursor, _Mapping]] = ..., current_epoch: _Optional[int] = ..., stream_state: _Optional[_Union[StreamState, str]] = ..., head: _Optional[int] = ..., terminal_seq: _Optional[int] = ..., watermark: _Optional[int] = ..., session_expired: _Optional[bool] = ..., detail: _Optional[str] = ..., missed_terminal_frame: _Optional[bool] = ..., correlation: _Optional[str] = ...) -> None: ...
+    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., cursor: _Optional[_Union[Cursor, _Mapping]] = ..., current_epoch: _Optional[int] = ..., stream_state: _Optional[_Union[StreamState, str]] = ..., head: _Optional[int] = ..., terminal_seq: _Optional[int] = ..., watermark: _Optional[int] = ..., session_expired: bool = ..., detail: _Optional[str] = ..., missed_terminal_frame: bool = ..., correlation: _Optional[str] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("session", "last_event_id", "declared_stream", "follow", "batch_events_max")
+    __slots__ = ("session", "last_event_id", "declared_stream", "follow", "batch_events_max", "resume_own_stream")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     LAST_EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     DECLARED_STREAM_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     BATCH_EVENTS_MAX_FIELD_NUMBER: _ClassVar[int]
+    RESUME_OWN_STREAM_FIELD_NUMBER: _ClassVar[int]
     session: str
     last_event_id: str
     declared_stream: int
     follow: bool
     batch_events_max: int
-    def __init__(self, session: _Optional[str] = ..., last_event_id: _Optional[str] = ..., declared_stream: _Optional[int] = ..., follow: _Optional[bool] = ..., batch_events_max: _Optional[int] = ...) -> None: ...
+    resume_own_stream: bool
+    def __init__(self, session: _Optional[str] = ..., last_event_id: _Optional[str] = ..., declared_stream: _Optional[int] = ..., follow: bool = ..., batch_events_max: _Optional[int] = ..., resume_own_stream: bool = ...) -> None: ...
 
 class ReadResponse(_message.Message):
-    __slots__ = ("resolution", "events", "end")
+    __slots__ = ("resolution", "events", "end", "gap")
     RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    GAP_FIELD_NUMBER: _ClassVar[int]
     resolution: Resolution
     events: EventBatch
     end: StreamEnd
-    def __init__(self, resolution: _Optional[_Union[Resolution, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
+    gap: EvictedGap
+    def __init__(self, resolution: _Optional[_Union[Resolution, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., gap: _Optional[_Union[EvictedGap, _Mapping]] = ...) -> None: ...
+
+class EvictedGap(_message.Message):
+    __slots__ = ("first_seq", "last_seq")
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    first_seq: int
+    last_seq: int
+    def __init__(self, first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class EventBatch(_message.Message):
     __slots__ = ("events",)
@@ -331,7 +417,7 @@ class GetOutcomeResponse(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     found: bool
     outcome: Outcome
-    def __init__(self, found: _Optional[bool] = ..., outcome: _Optional[_Union[Outcome, _Mapping]] = ...) -> None: ...
+    def __init__(self, found: bool = ..., outcome: _Optional[_Union[Outcome, _Mapping]] = ...) -> None: ...
 
 class Outcome(_message.Message):
     __slots__ = ("stream", "epoch", "state", "terminal_seq", "terminal_event_id", "frame", "reason")
@@ -372,7 +458,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "streams", "segments", "log_bytes", "last_lsn", "events_appended", "payload_bytes_appended", "fsyncs", "commit_batches", "records_written", "segments_deleted", "recovery_micros", "active_followers")
+    __slots__ = ("sessions", "streams", "segments", "log_bytes", "last_lsn", "events_appended", "payload_bytes_appended", "fsyncs", "commit_batches", "records_written", "segments_deleted", "recovery_micros", "active_followers", "live_sessions", "open_streams", "poisoned", "disk_free_bytes", "appends_refused_low_disk", "sessions_expired_idle", "active_reads")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -386,6 +472,13 @@ class StatsResponse(_message.Message):
     SEGMENTS_DELETED_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_MICROS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    POISONED_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    APPENDS_REFUSED_LOW_DISK_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_EXPIRED_IDLE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_READS_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     streams: int
     segments: int
@@ -399,4 +492,11 @@ class StatsResponse(_message.Message):
     segments_deleted: int
     recovery_micros: int
     active_followers: int
-    def __init__(self, sessions: _Optional[int] = ..., streams: _Optional[int] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., last_lsn: _Optional[int] = ..., events_appended: _Optional[int] = ..., payload_bytes_appended: _Optional[int] = ..., fsyncs: _Optional[int] = ..., commit_batches: _Optional[int] = ..., records_written: _Optional[int] = ..., segments_deleted: _Optional[int] = ..., recovery_micros: _Optional[int] = ..., active_followers: _Optional[int] = ...) -> None: ...
+    live_sessions: int
+    open_streams: int
+    poisoned: bool
+    disk_free_bytes: int
+    appends_refused_low_disk: int
+    sessions_expired_idle: int
+    active_reads: int
+    def __init__(self, sessions: _Optional[int] = ..., streams: _Optional[int] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., last_lsn: _Optional[int] = ..., events_appended: _Optional[int] = ..., payload_bytes_appended: _Optional[int] = ..., fsyncs: _Optional[int] = ..., commit_batches: _Optional[int] = ..., records_written: _Optional[int] = ..., segments_deleted: _Optional[int] = ..., recovery_micros: _Optional[int] = ..., active_followers: _Optional[int] = ..., live_sessions: _Optional[int] = ..., open_streams: _Optional[int] = ..., poisoned: bool = ..., disk_free_bytes: _Optional[int] = ..., appends_refused_low_disk: _Optional[int] = ..., sessions_expired_idle: _Optional[int] = ..., active_reads: _Optional[int] = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from . import cursorlog_pb2 as cursorlog_dot_v1_dot_cursorlog__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.78.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class CursorLogStub:
+class CursorLogStub(object):
     """The cursorlog service. All RPCs are safe to call from any front-end replica.
     """
 
@@ -39,6 +39,16 @@ class CursorLogStub:
                 '/cursorlog.v1.CursorLog/OpenSession',
                 request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.OpenSessionRequest.SerializeToString,
                 response_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.OpenSessionResponse.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/cursorlog.v1.CursorLog/GetSession',
+                request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.GetSessionResponse.FromString,
+                _registered_method=True)
+        self.SetSessionState = channel.unary_unary(
+                '/cursorlog.v1.CursorLog/SetSessionState',
+                request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.SetSessionStateRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.SetSessionStateResponse.FromString,
                 _registered_method=True)
         self.AdvanceEpoch = channel.unary_unary(
                 '/cursorlog.v1.CursorLog/AdvanceEpoch',
@@ -64,6 +74,11 @@ class CursorLogStub:
                 '/cursorlog.v1.CursorLog/AppendStream',
                 request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.SerializeToString,
                 response_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendResult.FromString,
+                _registered_method=True)
+        self.AppendBatch = channel.unary_unary(
+                '/cursorlog.v1.CursorLog/AppendBatch',
+                request_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendBatchRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendBatchResponse.FromString,
                 _registered_method=True)
         self.Complete = channel.unary_unary(
                 '/cursorlog.v1.CursorLog/Complete',
@@ -107,13 +122,30 @@ class CursorLogStub:
                 _registered_method=True)
 
 
-class CursorLogServicer:
+class CursorLogServicer(object):
     """The cursorlog service. All RPCs are safe to call from any front-end replica.
     """
 
     def OpenSession(self, request, context):
         """Opens a session, or returns the existing one unchanged (idempotent). Returns its current
         epoch, which `OpenStream` needs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """The session's epoch, state and liveness, for a replica that must restore a session it
+        did not create (the MCP SDKs keep sessions in process). Renews the idle TTL of a live
+        session. NOT_FOUND when the session was never opened or is past its metadata horizon.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetSessionState(self, request, context):
+        """Replaces the session's opaque state (see `OpenSessionRequest.state`). FAILED_PRECONDITION
+        for an expired session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -139,7 +171,9 @@ class CursorLogServicer:
 
     def OpenStream(self, request, context):
         """Opens a new stream in the session's current epoch. Fails with FAILED_PRECONDITION when
-        `epoch` is not the current epoch or the session is expired.
+        `epoch` is not the current epoch or the session is expired, and RESOURCE_EXHAUSTED when
+        the session already has `open_streams_per_session_max` (1024) open streams. A stream
+        without a lease stays open until it is completed or aborted, or its session ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,11 +191,26 @@ class CursorLogServicer:
 
     def AppendStream(self, request_iterator, context):
         """`Append` over one long-lived call, for a producer that appends event by event: each
-        request is handled exactly like `Append`, one at a time and in order, and answered by one
-        `AppendResult` in the same order, once durable. Much cheaper per event than unary
+        request is handled exactly like `Append`, in order, and answered by one `AppendResult` in
+        the same order, once durable. Requests are pipelined: the server queues each request as
+        it arrives, without waiting for earlier ones to become durable (so many requests of one
+        call share a group commit), and answers them in order. Much cheaper per event than unary
         `Append` (no HTTP/2 stream, headers and trailers per event). A failed append answers that
         request with a `failure` and the call goes on; the call itself ends with UNAVAILABLE when
-        the server shuts down. For concurrency, open several calls (or batch events).
+        the server shuts down.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendBatch(self, request, context):
+        """Many independent appends and completions in one message, for a front-end that funnels
+        the events of all its sessions into shared batches (Kafka-producer style). Items may name
+        different sessions and streams; each is handled exactly like the `Append` or `Complete`
+        it carries, in order (items of one stream apply in item order), and each gets its own
+        result: one failing item never fails the others. All items are queued before any is
+        awaited, so they share group commits; the response is sent once every item is durable.
+        At most `batch_items_max` items (4096); more is RESOURCE_EXHAUSTED for the whole call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,7 +232,8 @@ class CursorLogServicer:
         raise NotImplementedError('Method not implemented!')
 
     def KeepAlive(self, request, context):
-        """Renews the producer lease of an open stream without appending.
+        """Renews the producer lease of an open stream without appending, and the session's idle
+        TTL. With `stream` 0 (absent) it renews only the session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -202,7 +252,11 @@ class CursorLogServicer:
         RESUMABLE, event batches strictly after the cursor follow, in order and without gaps;
         with `follow`, the call stays open and delivers events appended later by any client until
         the stream's terminal frame. When the stream reaches its terminal state, a final `end`
-        message says how it ended, and the call completes with OK.
+        message says how it ended, and the call completes with OK. With `resume_own_stream`, a
+        client resuming its own stream also gets what it missed of a finished stream and the
+        retained rest of a stream whose cursor was evicted (see `ReadRequest`). At most
+        `--read-calls-max` Read calls run at once; one more is RESOURCE_EXHAUSTED at once, never
+        queued.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -239,6 +293,16 @@ def add_CursorLogServicer_to_server(servicer, server):
                     request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.OpenSessionRequest.FromString,
                     response_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.OpenSessionResponse.SerializeToString,
             ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.GetSessionRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'SetSessionState': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSessionState,
+                    request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.SetSessionStateRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.SetSessionStateResponse.SerializeToString,
+            ),
             'AdvanceEpoch': grpc.unary_unary_rpc_method_handler(
                     servicer.AdvanceEpoch,
                     request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AdvanceEpochRequest.FromString,
@@ -263,6 +327,11 @@ def add_CursorLogServicer_to_server(servicer, server):
                     servicer.AppendStream,
                     request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.FromString,
                     response_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendResult.SerializeToString,
+            ),
+            'AppendBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendBatch,
+                    request_deserializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendBatchRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_cursorlog__pb2.AppendBatchResponse.SerializeToString,
             ),
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
@@ -312,7 +381,7 @@ def add_CursorLogServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class CursorLog:
+class CursorLog(object):
     """The cursorlog service. All RPCs are safe to call from any front-end replica.
     """
 
@@ -333,6 +402,60 @@ class CursorLog:
             '/cursorlog.v1.CursorLog/OpenSession',
             cursorlog_dot_v1_dot_cursorlog__pb2.OpenSessionRequest.SerializeToString,
             cursorlog_dot_v1_dot_cursorlog__pb2.OpenSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursorlog.v1.CursorLog/GetSession',
+            cursorlog_dot_v1_dot_cursorlog__pb2.GetSessionRequest.SerializeToString,
+            cursorlog_dot_v1_dot_cursorlog__pb2.GetSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSessionState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursorlog.v1.CursorLog/SetSessionState',
+            cursorlog_dot_v1_dot_cursorlog__pb2.SetSessionStateRequest.SerializeToString,
+            cursorlog_dot_v1_dot_cursorlog__pb2.SetSessionStateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -468,6 +591,33 @@ class CursorLog:
             '/cursorlog.v1.CursorLog/AppendStream',
             cursorlog_dot_v1_dot_cursorlog__pb2.AppendRequest.SerializeToString,
             cursorlog_dot_v1_dot_cursorlog__pb2.AppendResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursorlog.v1.CursorLog/AppendBatch',
+            cursorlog_dot_v1_dot_cursorlog__pb2.AppendBatchRequest.SerializeToString,
+            cursorlog_dot_v1_dot_cursorlog__pb2.AppendBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
