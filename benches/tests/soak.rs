@@ -1,8 +1,12 @@
 //! The soak at CI scale: `cursorlog-bench soak` against the real `cursorlog` binary (the debug
 //! build next to the bench binary, which CI builds first) with short idle TTL, metadata
-//! horizon and retention, and the same flatness assertion as the long run: after the warm-up,
-//! the last third's server RSS, data-directory bytes, descriptors, append p99 and live
-//! sessions within 10 % of the first third's, and no failed operation.
+//! horizon and retention, and the flatness assertion of the long run: after the warm-up, the
+//! last third's server RSS, data-directory bytes, descriptors and live sessions within 10 %
+//! of the first third's, no failed operation, no follow call ended under a connected client.
+//! One difference: the append p99 may change by 150 % here, not 10 %. In a 90 s window on a
+//! shared 2-core machine it swung by -11 %, +19 %, +53 % and +68 % in flat runs (fsync and
+//! scheduling noise from other processes), so a 10 % bound would fail at random; 150 % still
+//! catches a latency that more than doubles. The long run keeps 10 % for every resource.
 //!
 //! `soak_without_idle_ttl_is_not_flat` runs the same fleet against a server whose sessions
 //! never expire when idle and expects the check to fail: it proves the check sees growth. It
@@ -15,7 +19,7 @@ use std::process::{Command, Output};
 /// Seconds each simulated client stays connected; TTL, horizon and retention are short next
 /// to it, so the steady state is reached within the warm-up.
 const LIFETIME_SECS: &str = "6";
-const WARMUP_SECS: &str = "40";
+const WARMUP_SECS: &str = "60";
 const DURATION_SECS: &str = "90";
 
 fn server_bin() -> PathBuf {
@@ -55,7 +59,8 @@ fn soak(dir: &Path, ttl_secs: &str) -> (Output, String) {
             LIFETIME_SECS,
         ])
         .args(["--requests", "2", "--progress", "2", "--resume-pct", "10"])
-        .args(["--interval-secs", "3", "--session-idle-ttl-secs", ttl_secs])
+        .args(["--interval-secs", "3", "--p99-tolerance-pct", "150"])
+        .args(["--session-idle-ttl-secs", ttl_secs])
         .args([
             "--metadata-horizon-secs",
             "3",
@@ -92,9 +97,9 @@ fn soak_with_idle_ttl_is_flat() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     assert!(stdout.contains("verdict: FLAT"), "{}", show(&out));
-    // One CSV row per 3 s sample over 130 s, each third present.
+    // One CSV row per 3 s sample over 150 s, each third present.
     let rows: Vec<&str> = csv.lines().skip(1).collect();
-    assert!(rows.len() >= 40, "{} CSV rows:\n{csv}", rows.len());
+    assert!(rows.len() >= 49, "{} CSV rows:\n{csv}", rows.len());
     for phase in [",first,", ",middle,", ",last,"] {
         assert!(
             rows.iter().any(|r| r.contains(phase)),
@@ -112,4 +117,5 @@ fn soak_without_idle_ttl_is_not_flat() {
     assert_eq!(out.status.code(), Some(2), "{}", show(&out));
     assert!(stdout.contains("verdict: NOT FLAT"), "{}", show(&out));
     assert!(stdout.contains("  - live sessions:"), "{}", show(&out));
+    println!("{stdout}"); // the table, with --nocapture
 }

@@ -1,10 +1,17 @@
 //! The soak's samples and its flatness check: after the warm-up, the measured window is cut
-//! into thirds, and the last third's mean of every resource (server RSS, data-directory
-//! bytes, open descriptors, append p99, live sessions) must be within the tolerance of the
-//! first third's. A run with failed operations, an interval without a single acknowledged
-//! append, or a third without samples fails too.
+//! into thirds, and the last third's figure of every resource must be within the tolerance
+//! of the first third's: the mean of the samples for server RSS, data-directory bytes, open
+//! descriptors and live sessions, and for append latency the 99th percentile of all the
+//! appends acknowledged in the third (one interval holds a few hundred appends, too few for
+//! a stable p99 of its own: their mean swings by ±20 % between thirds of a flat run on a busy
+//! machine). A run with failed operations, a follow call the server ended under a connected
+//! client, an interval without a single acknowledged append, or a third without samples
+//! fails too.
 
+use hdrhistogram::Histogram;
 use serde_json::{json, Value};
+
+use crate::report::histogram;
 
 /// Which part of the run a sample belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +74,8 @@ pub struct Sample {
     pub append_p50_us: Option<u64>,
     /// Append latency p99 over the interval, µs.
     pub append_p99_us: Option<u64>,
+    /// The interval's append latencies, µs (`None`: not kept).
+    pub append_hist: Option<Histogram<u64>>,
     /// Appends acknowledged in the interval.
     pub appends: u64,
     /// `Stats.live_sessions` (`None`: Stats failed).
@@ -99,6 +108,8 @@ pub struct Row {
     pub name: &'static str,
     /// Mean per third (`None`: no sample in that third).
     pub means: [Option<f64>; 3],
+    /// The largest allowed relative change (0.1 = 10 %).
+    pub tolerance: f64,
     /// Whether the last third is within the tolerance of the first.
     pub flat: bool,
 }
@@ -131,15 +142,10 @@ impl Verdict {
     }
 
     /// The table of means per third, for stdout.
-    pub fn print(&self, tolerance: f64) {
+    pub fn print(&self) {
         println!(
-            "\n{:<18} {:>12} {:>12} {:>12} {:>9}  within {:.0} %",
-            "resource (mean)",
-            "first third",
-            "middle",
-            "last third",
-            "change",
-            tolerance * 100.0
+            "\n{:<18} {:>12} {:>12} {:>12} {:>9} {:>8}  flat",
+            "resource", "first third", "middle", "last third", "change", "allowed"
         );
         for r in &self.rows {
             let cell = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
@@ -147,12 +153,13 @@ impl Verdict {
                 .change()
                 .map_or_else(|| "-".to_owned(), |c| format!("{:+.1} %", c * 100.0));
             println!(
-                "{:<18} {:>12} {:>12} {:>12} {:>9}  {}",
+                "{:<18} {:>12} {:>12} {:>12} {:>9} {:>8}  {}",
                 r.name,
                 cell(r.means[0]),
                 cell(r.means[1]),
                 cell(r.means[2]),
                 change,
+                format!("±{:.0} %", r.tolerance * 100.0),
                 if r.flat { "yes" } else { "NO" }
             );
         }
@@ -178,6 +185,7 @@ impl Verdict {
                     "middle_third": r.means[1],
                     "last_third": r.means[2],
                     "change": r.change(),
+                    "tolerance": r.tolerance,
                     "flat": r.flat,
                 })
             })
@@ -188,19 +196,38 @@ impl Verdict {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// The 99th percentile of all the appends in `samples`, in ms (`None`: no append).
+fn merged_p99_ms<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+    let mut all = histogram();
+    for h in samples.filter_map(|s| s.append_hist.as_ref()) {
+        // Same bounds on both sides: adding cannot fail (it saturates at the top value).
+        if all.add(h).is_err() {
+            return None;
+        }
+    }
+    (!all.is_empty()).then(|| all.value_at_quantile(0.99) as f64 / 1000.0)
+}
+
+/// The largest relative change allowed between the first and the last third (0.1 = 10 %).
+#[derive(Debug, Clone, Copy)]
+pub struct Tolerance {
+    /// For RSS, disk, descriptors and live sessions.
+    pub resources: f64,
+    /// For the append p99.
+    pub p99: f64,
+}
+
 /// Judges the samples: `phases[i]` is the phase of `samples[i]`, `before` the last sample
-/// before the measured window (its running counts are the baseline), `tolerance` a fraction
-/// (0.1 = 10 %).
-pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tolerance: f64) -> Verdict {
+/// before the measured window (its running counts are the baseline).
+pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tol: Tolerance) -> Verdict {
     type Get = fn(&Sample) -> Option<f64>;
-    let metrics: [(&'static str, Get); 5] = [
-        ("RSS MiB", |s| Some(s.rss_bytes as f64 / MIB)),
-        ("disk MiB", |s| Some(s.disk_bytes as f64 / MIB)),
-        ("descriptors", |s| Some(s.fds as f64)),
-        ("append p99 ms", |s| {
-            s.append_p99_us.map(|us| us as f64 / 1000.0)
-        }),
-        ("live sessions", |s| s.live_sessions.map(|n| n as f64)),
+    let metrics: [(&'static str, Option<Get>); 5] = [
+        ("RSS MiB", Some(|s| Some(s.rss_bytes as f64 / MIB))),
+        ("disk MiB", Some(|s| Some(s.disk_bytes as f64 / MIB))),
+        ("descriptors", Some(|s| Some(s.fds as f64))),
+        // `None`: the p99 of the third's merged histograms, not a mean.
+        ("append p99 ms", None),
+        ("live sessions", Some(|s| s.live_sessions.map(|n| n as f64))),
     ];
     let mut problems = Vec::new();
     let measured: Vec<(&Sample, usize)> = samples
@@ -237,18 +264,27 @@ pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tolerance: f
     for (name, get) in metrics {
         let mut means = [None; 3];
         for (third, mean) in means.iter_mut().enumerate() {
-            let values: Vec<f64> = measured
+            let in_third = measured
                 .iter()
                 .filter(|(_, i)| *i == third)
-                .filter_map(|(s, _)| get(s))
-                .collect();
-            if !values.is_empty() {
-                *mean = Some(values.iter().sum::<f64>() / values.len() as f64);
-            }
+                .map(|(s, _)| *s);
+            *mean = match get {
+                Some(get) => {
+                    let values: Vec<f64> = in_third.filter_map(get).collect();
+                    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+                }
+                None => merged_p99_ms(in_third),
+            };
         }
+        let tolerance = if get.is_none() {
+            tol.p99
+        } else {
+            tol.resources
+        };
         let mut row = Row {
             name,
             means,
+            tolerance,
             flat: false,
         };
         row.flat = row.change().is_some_and(|c| c.abs() <= tolerance);
@@ -287,8 +323,18 @@ pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tolerance: f
 mod tests {
     use super::*;
 
+    const TEN: Tolerance = Tolerance {
+        resources: 0.10,
+        p99: 0.10,
+    };
+
     fn sample(t: f64, rss_mib: u64, live: u64, p99_us: u64) -> Sample {
+        // 98 appends at a quarter of the p99 and 2 at it: the p99 of 100 values is the 99th.
+        let mut h = histogram();
+        h.record_n(p99_us / 4, 98).expect("in range");
+        h.record_n(p99_us, 2).expect("in range");
         Sample {
+            append_hist: Some(h),
             t,
             rss_bytes: rss_mib * 1024 * 1024,
             disk_bytes: 40 * 1024 * 1024,
@@ -337,7 +383,7 @@ mod tests {
                 sample(t, rss, 600, 4000 + u64::from(k % 2) * 100)
             })
             .collect();
-        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
         assert!(v.passed(), "{:?}", v.problems);
         assert_eq!(v.rows.len(), 5);
     }
@@ -348,7 +394,7 @@ mod tests {
         let samples: Vec<Sample> = (1u32..=8)
             .map(|k| sample(5.0 * f64::from(k), 100, 100 * u64::from(k), 4000))
             .collect();
-        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
         assert!(!v.passed());
         assert!(
             v.problems.iter().any(|p| p.starts_with("live sessions")),
@@ -363,11 +409,36 @@ mod tests {
     }
 
     #[test]
+    fn append_latency_growth_fails() {
+        // The p99 doubles over the window (for example a per-append cost that grows with
+        // the sessions the server remembers).
+        let samples: Vec<Sample> = (1u32..=8)
+            .map(|k| sample(5.0 * f64::from(k), 100, 600, 1000 * u64::from(k)))
+            .collect();
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
+        let row = v
+            .rows
+            .iter()
+            .find(|r| r.name == "append p99 ms")
+            .expect("p99 row");
+        // The first third's 200 appends have 3 ms twice and 4 ms twice at the top: the 198th
+        // value is 3 ms (within the histogram's 3 significant digits); the last third's 7 ms.
+        let near = |v: Option<f64>, want: f64| v.is_some_and(|v| (v - want).abs() < 0.01);
+        assert!(near(row.means[0], 3.0), "{:?}", row.means);
+        assert!(near(row.means[2], 7.0), "{:?}", row.means);
+        assert!(
+            v.problems.iter().any(|p| p.starts_with("append p99")),
+            "{:?}",
+            v.problems
+        );
+    }
+
+    #[test]
     fn a_shrinking_resource_beyond_the_tolerance_fails_too() {
         let samples: Vec<Sample> = (1u32..=8)
             .map(|k| sample(5.0 * f64::from(k), 200 - 10 * u64::from(k), 600, 4000))
             .collect();
-        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
         assert!(
             v.problems.iter().any(|p| p.starts_with("RSS")),
             "{:?}",
@@ -383,7 +454,7 @@ mod tests {
         samples[7].errors = 3;
         samples[7].followers_ended = 4;
         samples[5].append_p99_us = None;
-        let v = judge(&samples, &phases(&samples), &Sample::default(), 0.10);
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
         assert!(v.problems.iter().any(|p| p.contains("3 operations failed")));
         assert!(v
             .problems
@@ -395,13 +466,13 @@ mod tests {
             followers_ended: 4,
             ..Sample::default()
         };
-        let v = judge(&samples, &phases(&samples), &before, 0.10);
+        let v = judge(&samples, &phases(&samples), &before, TEN);
         assert!(!v.problems.iter().any(|p| p.contains("operations failed")));
         assert!(!v.problems.iter().any(|p| p.contains("follow calls")));
         assert!(v.problems.iter().any(|p| p.contains("ending at 30 s")));
 
         let short: Vec<Sample> = samples[..4].to_vec();
-        let v = judge(&short, &phases(&short), &Sample::default(), 0.10);
+        let v = judge(&short, &phases(&short), &Sample::default(), TEN);
         assert!(v
             .problems
             .iter()
@@ -413,6 +484,7 @@ mod tests {
         let row = |first, last| Row {
             name: "x",
             means: [Some(first), None, Some(last)],
+            tolerance: 0.1,
             flat: false,
         };
         assert_eq!(row(0.0, 0.0).change(), Some(0.0));
