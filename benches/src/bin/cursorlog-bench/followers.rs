@@ -18,7 +18,8 @@ use tokio::task::JoinSet;
 use crate::report::histogram;
 use crate::workloads::{open_session, open_stream, prepare, work};
 use crate::{
-    connect, pb, report, secs, stats, status_text, BoxError, Cli, Client, Shared, Worker, Workload,
+    connect, pb, probe, report, secs, stats, status_text, BoxError, Cli, Client, Shared, Worker,
+    Workload,
 };
 
 /// The comparison's options (each phase is `--warmup` + `--duration`).
@@ -237,6 +238,8 @@ struct Measured {
     p99_ms: f64,
     /// Server CPU over the window, in cores.
     server_cpu: Option<f64>,
+    /// The server's resident set at the end of the window, MiB.
+    server_rss_mib: Option<f64>,
     /// The server's events per fdatasync over the window (its group-commit size).
     events_per_fsync: Option<f64>,
     errors: u64,
@@ -291,6 +294,7 @@ async fn measure(
     let before = stats(stats_client).await;
     tokio::time::sleep_until(shared.end.into()).await;
     let cpu1 = pid.and_then(|p| report::cpu_secs(&p.to_string()));
+    let rss = pid.and_then(|p| probe::rss_bytes(p).ok());
     let after = stats(stats_client).await;
     let mut latency = histogram();
     let (mut events, mut errors) = (0, 0);
@@ -319,6 +323,7 @@ async fn measure(
         p50_ms: ms(0.5),
         p99_ms: ms(0.99),
         server_cpu: cpu1.zip(cpu0).map(|(a, b)| (a - b) / window),
+        server_rss_mib: rss.map(|b| b as f64 / (1024.0 * 1024.0)),
         events_per_fsync: after.zip(before).and_then(|(a, b)| {
             let fsyncs = a.fsyncs.saturating_sub(b.fsyncs);
             (fsyncs > 0)
@@ -367,7 +372,7 @@ pub async fn run(
     let baseline = wait_followers(&mut stats_client, |_| true, rpc_timeout).await?;
 
     println!(
-        "{:>5} {:>10} {:>9} {:>10} {:>8} {:>8} {:>10} {:>12} {:>6}",
+        "{:>5} {:>10} {:>9} {:>10} {:>8} {:>8} {:>10} {:>12} {:>8} {:>6}",
         "round",
         "followers",
         "server",
@@ -376,6 +381,7 @@ pub async fn run(
         "p99 ms",
         "srv cores",
         "events/fsync",
+        "RSS MiB",
         "errors"
     );
     let mut phases = Vec::new();
@@ -421,7 +427,7 @@ pub async fn run(
                 v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
             };
             println!(
-                "{:>5} {:>10} {:>9} {:>10.0} {:>8.2} {:>8.2} {:>10} {:>12} {:>6}",
+                "{:>5} {:>10} {:>9} {:>10.0} {:>8.2} {:>8.2} {:>10} {:>12} {:>8} {:>6}",
                 p.round,
                 if p.with { idle.len() } else { 0 },
                 p.server_followers,
@@ -430,6 +436,7 @@ pub async fn run(
                 p.m.p99_ms,
                 opt(p.m.server_cpu, 2),
                 opt(p.m.events_per_fsync, 1),
+                opt(p.m.server_rss_mib, 1),
                 p.m.errors
             );
             phases.push(p);
@@ -478,7 +485,7 @@ pub async fn run(
             .map(|p| {
                 json!({"round": p.round, "followers": if p.with { idle.len() } else { 0 },
                        "server_followers": p.server_followers, "events_per_sec": p.m.events_per_sec,
-                       "p50_ms": p.m.p50_ms, "p99_ms": p.m.p99_ms, "server_cores": p.m.server_cpu,
+                       "p50_ms": p.m.p50_ms, "p99_ms": p.m.p99_ms, "server_cores": p.m.server_cpu, "server_rss_mib": p.m.server_rss_mib,
                        "events_per_fsync": p.m.events_per_fsync, "errors": p.m.errors})
             })
             .collect();

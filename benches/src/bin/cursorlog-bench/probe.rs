@@ -1,9 +1,20 @@
 //! What the soak samples from outside the server: its resident set, its open file descriptors
-//! (from `/proc/<pid>`, so only for a server on this machine) and its data directory's size.
+//! (from `/proc/<pid>`, so only for a server on this machine), its data directory's size, and
+//! a control: the disk's own `fdatasync` latency, measured beside the server, so a change in
+//! append latency can be told apart from a change in the disk under it.
 
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
+use crate::report::{histogram, record};
 use crate::BoxError;
 
 /// The server's resident set size in bytes (`VmRSS` of `/proc/<pid>/status`).
@@ -57,6 +68,93 @@ pub fn dir_bytes(dir: &Path) -> Result<u64, BoxError> {
     Ok(total)
 }
 
+/// A thread that appends 512 bytes to a file and `fdatasync`s it every `every`, like a
+/// one-event group commit, and records how long each took. The file starts over every 16 MiB
+/// and is removed when the probe is dropped.
+#[derive(Debug)]
+pub struct FsyncProbe {
+    latencies: Arc<Mutex<Histogram<u64>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl FsyncProbe {
+    /// Starts probing with a file in `dir` (put it on the server's file system).
+    pub fn start(dir: &Path, every: Duration) -> Result<Self, BoxError> {
+        let path = dir.join(format!("fsync-probe-{}", std::process::id()));
+        let open = |p: &Path| -> std::io::Result<File> {
+            OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .open(p)
+        };
+        let mut file = open(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let latencies = Arc::new(Mutex::new(histogram()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (latencies, stop, path) = (Arc::clone(&latencies), Arc::clone(&stop), path.clone());
+            std::thread::Builder::new()
+                .name("fsync-probe".into())
+                .spawn(move || {
+                    let body = [b'x'; 512];
+                    let mut written = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        if written >= 16 * 1024 * 1024 {
+                            match open(&path) {
+                                Ok(f) => file = f,
+                                Err(_) => return,
+                            }
+                            written = 0;
+                        }
+                        if file
+                            .write_all(&body)
+                            .and_then(|()| file.sync_data())
+                            .is_err()
+                        {
+                            return; // No figure rather than a wrong one: the column stays empty.
+                        }
+                        written += body.len() as u64;
+                        record(
+                            &mut latencies
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner),
+                            t.elapsed(),
+                        );
+                        std::thread::sleep(every.saturating_sub(t.elapsed()));
+                    }
+                })?
+        };
+        Ok(Self {
+            latencies,
+            stop,
+            thread: Some(thread),
+            path,
+        })
+    }
+
+    /// The latencies since the last call (and starts a new interval).
+    pub fn take(&self) -> Histogram<u64> {
+        let mut h = self
+            .latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::replace(&mut *h, histogram())
+    }
+}
+
+impl Drop for FsyncProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +173,21 @@ mod tests {
         assert!(rss_bytes(pid).expect("own rss") > 0);
         // At least stdin/stdout/stderr and the directory handle used to list them.
         assert!(fd_count(pid).expect("own fds") >= 3);
+    }
+
+    #[test]
+    fn the_fsync_probe_records_and_cleans_up() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let probe = FsyncProbe::start(dir.path(), Duration::from_millis(1)).expect("probe");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut seen = 0;
+        while seen < 3 && Instant::now() < deadline {
+            std::thread::yield_now();
+            seen += probe.take().len();
+        }
+        assert!(seen >= 3, "{seen} fdatasyncs recorded in 30 s");
+        drop(probe);
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0);
     }
 
     #[test]

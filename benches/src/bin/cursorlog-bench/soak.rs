@@ -94,12 +94,20 @@ impl SoakArgs {
 
 const CSV_HEADER: &str = "t_secs,phase,rss_bytes,disk_bytes,fds,append_p50_us,append_p99_us,\
 appends,live_sessions,sessions,streams,open_streams,server_followers,client_followers,\
-server_cpu_cores,sessions_opened,errors,followers_ended_by_server";
+server_cpu_cores,sessions_opened,errors,followers_ended_by_server,fsync_probe_p99_us";
+
+/// The control probe's fdatasync p99 over the sample's interval, µs.
+fn fsync_p99_us(s: &Sample) -> Option<u64> {
+    s.fsync_hist
+        .as_ref()
+        .filter(|h| !h.is_empty())
+        .map(|h| h.value_at_quantile(0.99))
+}
 
 fn csv_row(s: &Sample, phase: Phase) -> String {
     let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
     format!(
-        "{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        "{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
         s.t,
         phase.label(),
         s.rss_bytes,
@@ -117,19 +125,20 @@ fn csv_row(s: &Sample, phase: Phase) -> String {
         s.server_cpu.map_or_else(String::new, |c| format!("{c:.3}")),
         s.sessions_opened,
         s.errors,
-        s.followers_ended
+        s.followers_ended,
+        opt(fsync_p99_us(s))
     )
 }
 
 const TABLE_HEADER: &str = "  t (s) phase    RSS MiB disk MiB   fds  p50 ms  p99 ms appends/s \
-live sess  sessions  followers srv/cli  cpu  errors";
+live sess  sessions  followers srv/cli  cpu  errors fsync p99";
 
 fn table_row(s: &Sample, phase: Phase, interval: f64) -> String {
     let ms = |v: Option<u64>| {
         v.map_or_else(|| "-".to_owned(), |us| format!("{:.2}", us as f64 / 1000.0))
     };
     format!(
-        "{:>7.0} {:<7} {:>8.1} {:>8.1} {:>5} {:>7} {:>7} {:>9.0} {:>9} {:>9} {:>9}/{:<7} {:>4} {:>7}",
+        "{:>7.0} {:<7} {:>8.1} {:>8.1} {:>5} {:>7} {:>7} {:>9.0} {:>9} {:>9} {:>9}/{:<7} {:>4} {:>7} {:>9}",
         s.t,
         phase.label(),
         s.rss_bytes as f64 / (1024.0 * 1024.0),
@@ -143,7 +152,8 @@ fn table_row(s: &Sample, phase: Phase, interval: f64) -> String {
         s.server_followers,
         s.client_followers,
         s.server_cpu.map_or_else(|| "-".to_owned(), |c| format!("{c:.2}")),
-        s.errors
+        s.errors,
+        ms(fsync_p99_us(s))
     )
 }
 
@@ -249,6 +259,15 @@ pub async fn run(
         },
         clients,
     ));
+    // The control probe writes beside the data directory (the same file system when spawned).
+    let probe_dir = data_dir.parent().unwrap_or(&data_dir).to_path_buf();
+    let fsync_probe = match probe::FsyncProbe::start(&probe_dir, Duration::from_millis(50)) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("note: no fsync control probe ({e}); the fsync p99 column stays empty");
+            None
+        }
+    };
     let t0 = Instant::now();
     let total = cli.warmup + cli.duration;
     let (stop_fleet, stop) = tokio::sync::oneshot::channel();
@@ -285,6 +304,7 @@ pub async fn run(
             append_p99_us: has_appends.then(|| appends.value_at_quantile(0.99)),
             appends: appends.len(),
             append_hist: has_appends.then_some(appends),
+            fsync_hist: fsync_probe.as_ref().map(probe::FsyncProbe::take),
             live_sessions: server.as_ref().map(|s| s.live_sessions),
             sessions: server.as_ref().map_or(0, |s| s.sessions),
             streams: server.as_ref().map_or(0, |s| s.streams),

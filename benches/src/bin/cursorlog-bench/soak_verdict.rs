@@ -76,6 +76,9 @@ pub struct Sample {
     pub append_p99_us: Option<u64>,
     /// The interval's append latencies, µs (`None`: not kept).
     pub append_hist: Option<Histogram<u64>>,
+    /// The control: the disk's own fdatasync latencies over the interval, µs (`None`: no
+    /// probe).
+    pub fsync_hist: Option<Histogram<u64>>,
     /// Appends acknowledged in the interval.
     pub appends: u64,
     /// `Stats.live_sessions` (`None`: Stats failed).
@@ -133,6 +136,8 @@ pub struct Verdict {
     pub rows: Vec<Row>,
     /// Everything that failed, in words (empty: flat).
     pub problems: Vec<String>,
+    /// The control, not judged: the disk's fdatasync p99 per third, ms.
+    pub fsync_p99_ms: [Option<f64>; 3],
 }
 
 impl Verdict {
@@ -163,6 +168,16 @@ impl Verdict {
                 if r.flat { "yes" } else { "NO" }
             );
         }
+        if self.fsync_p99_ms.iter().any(Option::is_some) {
+            let cell = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
+            println!(
+                "{:<18} {:>12} {:>12} {:>12}  (the disk beside the server; not judged)",
+                "fsync p99 ms",
+                cell(self.fsync_p99_ms[0]),
+                cell(self.fsync_p99_ms[1]),
+                cell(self.fsync_p99_ms[2])
+            );
+        }
         if self.passed() {
             println!("verdict: FLAT");
         } else {
@@ -190,16 +205,24 @@ impl Verdict {
                 })
             })
             .collect();
-        json!({ "flat": self.passed(), "rows": rows, "problems": self.problems })
+        json!({
+            "flat": self.passed(),
+            "rows": rows,
+            "problems": self.problems,
+            "fsync_probe_p99_ms": self.fsync_p99_ms,
+        })
     }
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// The 99th percentile of all the appends in `samples`, in ms (`None`: no append).
-fn merged_p99_ms<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+/// The 99th percentile of all the latencies `pick` finds in `samples`, in ms (`None`: none).
+fn merged_p99_ms<'a>(
+    samples: impl Iterator<Item = &'a Sample>,
+    pick: fn(&Sample) -> Option<&Histogram<u64>>,
+) -> Option<f64> {
     let mut all = histogram();
-    for h in samples.filter_map(|s| s.append_hist.as_ref()) {
+    for h in samples.filter_map(pick) {
         // Same bounds on both sides: adding cannot fail (it saturates at the top value).
         if all.add(h).is_err() {
             return None;
@@ -273,7 +296,7 @@ pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tol: Toleran
                     let values: Vec<f64> = in_third.filter_map(get).collect();
                     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
                 }
-                None => merged_p99_ms(in_third),
+                None => merged_p99_ms(in_third, |s| s.append_hist.as_ref()),
             };
         }
         let tolerance = if get.is_none() {
@@ -316,7 +339,19 @@ pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tol: Toleran
             ended_after - before.followers_ended
         ));
     }
-    Verdict { rows, problems }
+    let mut fsync_p99_ms = [None; 3];
+    for (third, p99) in fsync_p99_ms.iter_mut().enumerate() {
+        let in_third = measured
+            .iter()
+            .filter(|(_, i)| *i == third)
+            .map(|(s, _)| *s);
+        *p99 = merged_p99_ms(in_third, |s| s.fsync_hist.as_ref());
+    }
+    Verdict {
+        rows,
+        problems,
+        fsync_p99_ms,
+    }
 }
 
 #[cfg(test)]
