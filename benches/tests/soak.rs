@@ -4,9 +4,10 @@
 //! last third's server RSS, data-directory bytes, descriptors and live sessions within 10 %
 //! of the first third's, no failed operation, no follow call ended under a connected client.
 //! One difference: the append p99 may change by 150 % here, not 10 %. In a 90 s window on a
-//! shared 2-core machine it swung by -11 %, +19 %, +53 % and +68 % in flat runs (fsync and
-//! scheduling noise from other processes), so a 10 % bound would fail at random; 150 % still
-//! catches a latency that more than doubles. The long run keeps 10 % for every resource.
+//! shared 2-core machine it moved by up to +68 % between thirds of flat runs (fsync and
+//! scheduling noise from other processes; benches/README.md has the figures), so a 10 % bound
+//! would fail at random; 150 % still catches a latency that more than doubles. The long run
+//! keeps 10 % for every resource.
 //!
 //! `soak_without_idle_ttl_is_not_flat` runs the same fleet against a server whose sessions
 //! never expire when idle and expects the check to fail: it proves the check sees growth. It
