@@ -5,6 +5,8 @@
 //! cursorlog-bench --addr 127.0.0.1:50051 resolve --clients 50    # drives a running one
 //! cursorlog-bench --spawn replay --events 100000 [--follow]
 //! cursorlog-bench --spawn mixed --clients 50 --reconnect-pct 10
+//! cursorlog-bench --spawn --warmup 120 --duration 1800 soak --session-idle-ttl-secs 30 ...
+//! cursorlog-bench --spawn --warmup 2 --duration 10 followers --followers 10000 --rounds 3
 //! ```
 //!
 //! Each worker (producer, client, reader) runs one request at a time, as fast as the server
@@ -13,12 +15,18 @@
 //! group-commit counters over the window) goes to stdout and, with `--json PATH`, to a file.
 //! Every run is bounded by `--warmup` + `--duration` and optionally by `--ops`.
 
+mod followers;
+mod probe;
 mod report;
+mod soak;
+mod soak_fleet;
+mod soak_verdict;
 mod spawn;
+mod worker;
 mod workloads;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,10 +34,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
-use hdrhistogram::Histogram;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::report::{histogram, record, Report, ServerDelta};
+use crate::report::{histogram, Report, ServerDelta};
+pub use crate::worker::{Op, Rng, Shared, Worker};
 
 /// Errors of setup and teardown (the measured operations count their errors instead).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -169,185 +177,21 @@ pub enum Workload {
         #[arg(long, default_value_t = 10)]
         reconnect_pct: u32,
     },
+    /// MCP front-end fleet soak: sessions at a steady rate, never deleted, idle followers,
+    /// resumes; samples server RSS, disk, descriptors, append p50/p99 and live sessions every
+    /// interval and checks that the steady state is flat (exit status 2 when it is not).
+    Soak(soak::SoakArgs),
+    /// Durable append throughput with N idle followers vs none, in interleaved rounds.
+    Followers(followers::FollowersArgs),
 }
 
-/// State shared by all workers of a run.
-#[derive(Debug)]
-pub struct Shared {
-    /// Start of the measurement window.
-    pub start: Instant,
-    /// End of the measurement window (nothing starts after it).
-    pub end: Instant,
-    budget: Option<AtomicU64>,
-    stop: AtomicBool,
-    progress_ops: AtomicU64,
-    progress_events: AtomicU64,
-    progress_errors: AtomicU64,
-    first_errors: Mutex<Vec<String>>,
-}
-
-/// One operation in progress.
-#[derive(Debug, Clone, Copy)]
-pub struct Op {
-    started: Instant,
-    measured: bool,
-}
-
-impl Op {
-    /// Whether this op started inside the measurement window.
-    pub fn measured(&self) -> bool {
-        self.measured
-    }
-}
-
-/// A worker's own counters; merged at the end.
-#[derive(Debug)]
-pub struct Worker {
-    shared: Arc<Shared>,
-    interval: Option<Duration>,
-    next_at: Instant,
-    primary: &'static str,
-    hists: BTreeMap<&'static str, Histogram<u64>>,
-    ops: u64,
-    events: u64,
-    errors: u64,
-    last_done: Option<Instant>,
-}
-
-impl Worker {
-    fn new(shared: Arc<Shared>, primary: &'static str) -> Self {
-        Self {
-            next_at: shared.start,
-            shared,
-            interval: None,
-            primary,
-            hists: BTreeMap::new(),
-            ops: 0,
-            events: 0,
-            errors: 0,
-            last_done: None,
+impl Workload {
+    /// Flags this workload adds to a spawned server's command line.
+    fn server_args(&self) -> Vec<String> {
+        match self {
+            Self::Soak(a) => a.server_args(),
+            _ => Vec::new(),
         }
-    }
-
-    /// Paces this worker at one op per `interval`, the first at `first`.
-    fn pace(&mut self, interval: Duration, first: Instant) {
-        self.interval = Some(interval);
-        self.next_at = first;
-    }
-
-    /// Starts the next op (waiting for its scheduled time with --rate), or `None` when the
-    /// run is over (window ended, `--ops` reached).
-    pub async fn begin(&mut self) -> Option<Op> {
-        let mut now = Instant::now();
-        if let Some(interval) = self.interval {
-            let scheduled = self.next_at;
-            self.next_at += interval;
-            if scheduled >= self.shared.end {
-                return None;
-            }
-            if now < scheduled {
-                // On time: the timer's own lateness is the generator's, not the server's.
-                tokio::time::sleep_until(scheduled.into()).await;
-                now = Instant::now();
-            } else {
-                // Behind schedule because the previous op was slow: charge the wait.
-                now = scheduled;
-            }
-        }
-        if now >= self.shared.end || self.shared.stop.load(Ordering::Relaxed) {
-            return None;
-        }
-        let measured = now >= self.shared.start;
-        if measured {
-            if let Some(budget) = &self.shared.budget {
-                let took = budget
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
-                    .is_ok();
-                if !took {
-                    self.shared.stop.store(true, Ordering::Relaxed);
-                    return None;
-                }
-            }
-        }
-        Some(Op {
-            started: now,
-            measured,
-        })
-    }
-
-    /// Whether the measurement window is still open (for long ops like a replay).
-    pub fn in_window(&self) -> bool {
-        Instant::now() < self.shared.end
-    }
-
-    /// Records a sub-operation's latency (e.g. one RPC of a mixed request).
-    pub fn record(&mut self, op: Op, name: &'static str, d: Duration) {
-        if op.measured && Instant::now() <= self.shared.end {
-            record(self.hists.entry(name).or_insert_with(histogram), d);
-        }
-    }
-
-    /// Counts events as they arrive (replay), if now is inside the window.
-    pub fn add_events(&mut self, n: u64) {
-        self.shared.progress_events.fetch_add(n, Ordering::Relaxed);
-        let now = Instant::now();
-        if now >= self.shared.start && now <= self.shared.end {
-            self.events += n;
-        }
-    }
-
-    /// Ends an op: its latency goes into the primary histogram and `events` are counted when
-    /// it started and ended inside the window.
-    pub fn finish(&mut self, op: Op, events: u64, result: Result<(), String>) {
-        let done = Instant::now();
-        self.shared.progress_ops.fetch_add(1, Ordering::Relaxed);
-        self.shared
-            .progress_events
-            .fetch_add(events, Ordering::Relaxed);
-        if let Err(e) = &result {
-            self.shared.progress_errors.fetch_add(1, Ordering::Relaxed);
-            let mut first = self
-                .shared
-                .first_errors
-                .lock()
-                .expect("error list lock poisoned");
-            if first.len() < 5 {
-                first.push(e.clone());
-            }
-        }
-        if !op.measured || done > self.shared.end {
-            return;
-        }
-        if result.is_err() {
-            self.errors += 1;
-            return;
-        }
-        record(
-            self.hists.entry(self.primary).or_insert_with(histogram),
-            done - op.started,
-        );
-        self.ops += 1;
-        self.events += events;
-        self.last_done = Some(self.last_done.map_or(done, |d| d.max(done)));
-    }
-}
-
-/// A small xorshift generator (no need for cryptographic quality).
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded from `seed` (any value).
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// A value in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
     }
 }
 
@@ -421,7 +265,11 @@ fn secs(s: f64, what: &str) -> Result<Duration, BoxError> {
     Duration::try_from_secs_f64(s).map_err(|e| format!("{what}: {e}").into())
 }
 
-fn main() -> Result<(), BoxError> {
+/// Exit status of a soak whose steady state was not flat, or a follower comparison below
+/// `--min-ratio` (1 is a failed run: an error before any verdict).
+const EXIT_VERDICT_FAILED: u8 = 2;
+
+fn main() -> Result<ExitCode, BoxError> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cli.threads.max(1))
@@ -432,7 +280,9 @@ fn main() -> Result<(), BoxError> {
             Some(b) => b.clone(),
             None => spawn::default_server_bin()?,
         };
-        Some(spawn::Spawned::start(&bin, &cli.sync, &cli.server_args)?)
+        let mut args = cli.server_args.clone();
+        args.extend(cli.workload.server_args());
+        Some(spawn::Spawned::start(&bin, &cli.sync, &args)?)
     } else {
         None
     };
@@ -440,22 +290,59 @@ fn main() -> Result<(), BoxError> {
         .as_ref()
         .map_or_else(|| cli.addr.clone(), |s| s.addr.clone());
     let server_pid = server.as_ref().map(spawn::Spawned::pid).or(cli.server_pid);
-    let result = runtime.block_on(run(&cli, &addr, server_pid));
+    let data_dir = server.as_ref().map(|s| s.data_dir.clone());
+    let result = runtime.block_on(async {
+        match &cli.workload {
+            Workload::Soak(args) => soak::run(&cli, args, &addr, server_pid, data_dir.as_deref())
+                .await
+                .map(Finished::Verdict),
+            Workload::Followers(args) => followers::run(&cli, args, &addr, server_pid)
+                .await
+                .map(Finished::Verdict),
+            _ => run(&cli, &addr, server_pid)
+                .await
+                .map(|r| Finished::Report(Box::new(r))),
+        }
+    });
+    let mut unclean_stop = None;
     if let Some(s) = &mut server {
         if cli.keep_data {
             s.keep_data();
         }
         if let Some(note) = s.stop() {
             eprintln!("warning: {note}; server log: {}", s.log_path.display());
+            unclean_stop = Some(note);
         }
     }
-    let report = result?;
-    report.print();
-    if let Some(path) = &cli.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report.to_json())?)?;
-        eprintln!("wrote {}", path.display());
+    match result? {
+        Finished::Report(report) => {
+            report.print();
+            if let Some(path) = &cli.json {
+                std::fs::write(path, serde_json::to_string_pretty(&report.to_json())?)?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Finished::Verdict(passed) => {
+            // A verdict over a server that did not stop cleanly is no verdict.
+            if let Some(note) = unclean_stop {
+                return Err(format!("the server did not stop cleanly: {note}").into());
+            }
+            Ok(if passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_VERDICT_FAILED)
+            })
+        }
     }
-    Ok(())
+}
+
+/// What a run ended with.
+enum Finished {
+    /// A closed-loop workload's report.
+    Report(Box<Report>),
+    /// A soak's flatness or a follower comparison's target: met or not.
+    Verdict(bool),
 }
 
 async fn run(cli: &Cli, addr: &str, server_pid: Option<u32>) -> Result<Report, BoxError> {
@@ -466,6 +353,9 @@ async fn run(cli: &Cli, addr: &str, server_pid: Option<u32>) -> Result<Report, B
         Workload::Append { producers, .. } => *producers,
         Workload::Resolve { clients, .. } | Workload::Mixed { clients, .. } => *clients,
         Workload::Replay { readers, .. } => *readers,
+        Workload::Soak(_) | Workload::Followers(_) => {
+            return Err("soak and followers are not closed-loop workloads".into())
+        }
     }
     .max(1);
     let clients = connect(addr, cli.connections.unwrap_or(workers).max(1), rpc_timeout).await?;

@@ -24,6 +24,8 @@ pub struct Spawned {
     pub addr: String,
     /// Where its stderr goes (inside the temporary directory).
     pub log_path: PathBuf,
+    /// Its data directory (inside the temporary directory).
+    pub data_dir: PathBuf,
     dir: Option<TempDir>,
 }
 
@@ -110,6 +112,7 @@ impl Spawned {
             child,
             addr,
             log_path,
+            data_dir: data,
             dir: Some(dir),
         })
     }

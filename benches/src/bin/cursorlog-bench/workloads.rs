@@ -83,14 +83,16 @@ impl Prepared {
     }
 }
 
-fn payload(bytes: usize) -> Vec<u8> {
+/// A payload of `bytes` bytes that looks like a JSON-RPC progress notification.
+pub(crate) fn payload(bytes: usize) -> Vec<u8> {
     // JSON-ish and not all one byte, like a real progress notification.
     let pattern =
         br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":42}}"#;
     pattern.iter().copied().cycle().take(bytes).collect()
 }
 
-fn event(kind: &str, payload: &[u8]) -> pb::NewEvent {
+/// A new event of `kind` without correlation.
+pub(crate) fn event(kind: &str, payload: &[u8]) -> pb::NewEvent {
     pb::NewEvent {
         kind: kind.to_owned(),
         correlation: None,
@@ -98,7 +100,8 @@ fn event(kind: &str, payload: &[u8]) -> pb::NewEvent {
     }
 }
 
-async fn open_session(client: &mut Client, session: &str) -> Result<u64, BoxError> {
+/// Opens (or finds) `session` and returns its epoch.
+pub(crate) async fn open_session(client: &mut Client, session: &str) -> Result<u64, BoxError> {
     Ok(client
         .open_session(pb::OpenSessionRequest {
             session: session.to_owned(),
@@ -110,7 +113,8 @@ async fn open_session(client: &mut Client, session: &str) -> Result<u64, BoxErro
         .epoch)
 }
 
-async fn open_stream(
+/// Opens a lease-less stream in `session` and returns its id.
+pub(crate) async fn open_stream(
     client: &mut Client,
     session: &str,
     epoch: u64,
@@ -276,6 +280,9 @@ pub async fn prepare(
                     "read_batch": read_batch, "follow": follow,
                 }),
             })
+        }
+        Workload::Soak(_) | Workload::Followers(_) => {
+            Err("soak and followers have their own drivers, not a closed-loop setup".into())
         }
         Workload::Mixed {
             clients: n,
