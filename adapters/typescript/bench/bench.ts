@@ -163,13 +163,14 @@ async function main(): Promise<void> {
     const sideArgs: Record<string, string[]> = {
       cursorlog: ['--store', 'cursorlog', '--cursorlog', clAddr, '--max-in-flight', values['max-in-flight']!],
       'cursorlog-stream': ['--store', 'cursorlog', '--cursorlog', clAddr, '--append-via', 'stream'],
+      'cursorlog-unary-open': ['--store', 'cursorlog', '--cursorlog', clAddr, '--open-via', 'unary'],
       redis: ['--store', 'redis', '--redis-port', String(redisPort)],
     };
     const urls: Record<string, string> = {};
     const pids: Record<string, [number | undefined, number | undefined]> = {};
     for (const side of SIDES) {
       const args = sideArgs[side];
-      if (args === undefined) throw new Error(`unknown side ${side} (cursorlog, cursorlog-stream, redis)`);
+      if (args === undefined) throw new Error(`unknown side ${side} (cursorlog, cursorlog-stream, cursorlog-unary-open, redis)`);
       const proc = start(`replica-${side}`, process.execPath, [...nodeArgs, replica, '--port', '0', ...args]);
       urls[side] = (await proc.line(/^listening on (\S+)$/))[1]!;
       pids[side] = [proc.child.pid, side === 'redis' ? redis.child.pid : cl.child.pid];
