@@ -4,7 +4,8 @@
  * (`appendonly yes`, `appendfsync always`), rounds interleaved in one run.
  *
  *   node dist/bench/bench.js --cursorlog-bin ../../target/release/cursorlog \
- *     [--calls 200] [--steps 10] [--delay-ms 0] [--rounds 6] [--data-root DIR]
+ *     [--calls 200] [--steps 10] [--delay-ms 0] [--rounds 6] [--data-root DIR] \
+ *     [--sides cursorlog,cursorlog-unary-open,cursorlog-stream,redis]
  *
  * Each round: `calls` sessions (created beforehand) each call the `work` tool at once; the
  * tool sends `steps` progress notifications and a result, each through the SDK's transport,
@@ -124,24 +125,27 @@ interface Round {
   /** CPU ms per 1000 events of the replica and of the store server. */
   replicaCpu: number;
   storeCpu: number;
-  /** Mean items per AppendBatch call (cursorlog side). */
+  /** Mean events per AppendBatch call (cursorlog side). */
   batchSize: number;
+  /** Streams opened through AppendBatch `open` items during the round (cursorlog side). */
+  batchOpens: number;
 }
 
 async function round(side: string, url: string, sessions: string[], base: number, pids: [number | undefined, number | undefined]): Promise<Round> {
   const latencies: number[] = [];
   const statsUrl = url.replace(/\/mcp$/, '/stats');
-  const s0 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
+  const s0 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number; opens: number }) : undefined;
   const c0 = pids.map(cpuMs);
   const t0 = now();
   const counts = await Promise.all(sessions.map((sid, i) => call(url, sid, base + i, latencies)));
   const seconds = (now() - t0) / 1000;
   const c1 = pids.map(cpuMs);
-  const s1 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number }) : undefined;
+  const s1 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number; opens: number }) : undefined;
   const batchSize = s0 && s1 ? (s1.events - s0.events) / (s1.batches - s0.batches) : NaN;
+  const batchOpens = s0 && s1 ? s1.opens - s0.opens : NaN;
   const events = counts.reduce((a, b) => a + b, 0);
   const per = (i: number): number => ((c1[i]! - c0[i]!) / events) * 1000;
-  return { side, eventsPerSec: events / seconds, latencies, replicaCpu: per(0), storeCpu: per(1), batchSize };
+  return { side, eventsPerSec: events / seconds, latencies, replicaCpu: per(0), storeCpu: per(1), batchSize, batchOpens };
 }
 
 const pct = (sorted: number[], p: number): number => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
@@ -163,13 +167,14 @@ async function main(): Promise<void> {
     const sideArgs: Record<string, string[]> = {
       cursorlog: ['--store', 'cursorlog', '--cursorlog', clAddr, '--max-in-flight', values['max-in-flight']!],
       'cursorlog-stream': ['--store', 'cursorlog', '--cursorlog', clAddr, '--append-via', 'stream'],
+      'cursorlog-unary-open': ['--store', 'cursorlog', '--cursorlog', clAddr, '--open-via', 'unary'],
       redis: ['--store', 'redis', '--redis-port', String(redisPort)],
     };
     const urls: Record<string, string> = {};
     const pids: Record<string, [number | undefined, number | undefined]> = {};
     for (const side of SIDES) {
       const args = sideArgs[side];
-      if (args === undefined) throw new Error(`unknown side ${side} (cursorlog, cursorlog-stream, redis)`);
+      if (args === undefined) throw new Error(`unknown side ${side} (cursorlog, cursorlog-stream, cursorlog-unary-open, redis)`);
       const proc = start(`replica-${side}`, process.execPath, [...nodeArgs, replica, '--port', '0', ...args]);
       urls[side] = (await proc.line(/^listening on (\S+)$/))[1]!;
       pids[side] = [proc.child.pid, side === 'redis' ? redis.child.pid : cl.child.pid];
@@ -185,7 +190,7 @@ async function main(): Promise<void> {
       for (const side of order) {
         const r = await round(side, urls[side]!, sessions[side]!, (i + 1) * 10_000, pids[side]!);
         rounds.push(r);
-        console.error(`round ${i + 1} ${side}: ${r.eventsPerSec.toFixed(0)} events/s, CPU ms/1000 events: replica ${r.replicaCpu.toFixed(0)}, store server ${r.storeCpu.toFixed(0)}${Number.isNaN(r.batchSize) ? '' : `, mean AppendBatch size ${r.batchSize.toFixed(1)} events`}`);
+        console.error(`round ${i + 1} ${side}: ${r.eventsPerSec.toFixed(0)} events/s, CPU ms/1000 events: replica ${r.replicaCpu.toFixed(0)}, store server ${r.storeCpu.toFixed(0)}${Number.isNaN(r.batchSize) ? '' : `, mean AppendBatch size ${r.batchSize.toFixed(1)} events, ${r.batchOpens} open items`}`);
       }
     }
     const summary: Record<string, { eps: number; p50: number; p99: number; roundsEps: number[]; replicaCpu: number; storeCpu: number }> = {};

@@ -4,6 +4,7 @@
  *
  *   node dist/examples/replica.js --cursorlog 127.0.0.1:50051 --port 8081 [--lease-ms 10000]
  *        [--retry-ms 1000] [--follow-idle-ms 60000] [--store cursorlog|redis --redis-port 6379]
+ *        [--max-in-flight 1] [--append-via batch|stream] [--open-via batch|unary]
  *
  * Prints `listening on http://127.0.0.1:PORT/mcp` once it accepts connections, and
  * `RUN <tool> <request id>` each time a tool starts (the tests count executions).
@@ -30,6 +31,7 @@ const { values } = parseArgs({
     'redis-port': { type: 'string', default: '6379' },
     'max-in-flight': { type: 'string', default: '1' },
     'append-via': { type: 'string', default: 'batch' },
+    'open-via': { type: 'string', default: 'batch' },
   },
 });
 
@@ -85,6 +87,7 @@ async function main(): Promise<void> {
       followIdleMs: Number(values['follow-idle-ms']),
       maxInFlight: Number(values['max-in-flight']),
       appendVia: values['append-via'] === 'stream' ? 'stream' : 'batch',
+      openVia: values['open-via'] === 'unary' ? 'unary' : 'batch',
     });
     const sessions = new CursorlogSessions(cursorlog, { createServer: buildServer, transportOptions });
     handle = async (req, res) => {

@@ -1,6 +1,7 @@
 /**
  * `Cursorlog`: one per process. Owns the gRPC client, the shared producer that coalesces
- * every session's appends, and the timer that renews producer leases and session idle TTLs.
+ * every session's stream opens, appends and completions into `AppendBatch` calls, and the
+ * timer that renews producer leases and session idle TTLs.
  */
 import { CursorlogClient, type ClientOptions } from './client.js';
 import { Producer, type ProducerOptions } from './producer.js';
@@ -25,6 +26,13 @@ export interface CursorlogOptions extends ClientOptions, ProducerOptions {
   tailCheckMs?: number;
   /** Log sink (default: {@link defaultLogger}). */
   logger?: Logger;
+  /**
+   * How the per-request streams are opened: `batch` (default) as `open` items of the
+   * producer's coalesced `AppendBatch` calls; `unary` with one `OpenStream` call each (the
+   * behaviour before `BatchItem.open` existed, kept to measure the difference; it costs one
+   * more gRPC call per tool call).
+   */
+  openVia?: 'batch' | 'unary';
 }
 
 /** The process-wide cursorlog connection of the adapter. */
@@ -32,6 +40,7 @@ export class Cursorlog {
   readonly client: CursorlogClient;
   readonly producer: Producer;
   readonly leaseMs: number;
+  readonly openVia: 'batch' | 'unary';
   readonly followIdleMs: number;
   readonly tailCheckMs: number;
   /** The server's session idle TTL (ms) as last reported by `GetSession`; 0 = none. */
@@ -45,6 +54,8 @@ export class Cursorlog {
     this.producer = new Producer(this.client, options);
     this.leaseMs = options.leaseMs ?? 10_000;
     if (!Number.isInteger(this.leaseMs) || this.leaseMs < 0) throw new RangeError(`leaseMs must be a non-negative integer, got ${options.leaseMs}`);
+    this.openVia = options.openVia ?? 'batch';
+    if (this.openVia !== 'batch' && this.openVia !== 'unary') throw new RangeError(`openVia must be 'batch' or 'unary', got ${String(options.openVia)}`);
     this.followIdleMs = options.followIdleMs ?? 60_000;
     this.tailCheckMs = options.tailCheckMs ?? 1_000;
     this.logger = options.logger ?? defaultLogger;

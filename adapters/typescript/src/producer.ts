@@ -1,16 +1,20 @@
 /**
- * Coalesces the appends and completions of every session of a process into shared
- * `AppendBatch` calls, Kafka-producer style: when no batch is in flight a request is sent at
- * once (no added latency when idle); while one is in flight, new requests queue and leave
- * together as the next batch. Each caller awaits its own durable event id.
+ * Coalesces the stream opens, appends and completions of every session of a process into
+ * shared `AppendBatch` calls, Kafka-producer style: when no batch is in flight a request is
+ * sent at once (no added latency when idle); while one is in flight, new requests queue and
+ * leave together as the next batch. Each caller awaits its own answer (an event id, or the
+ * opened stream).
  *
  * One batch is in flight at a time, so the items of a stream reach cursorlog in the order
- * they were handed in. Every item carries `expected_next_seq`, so a batch retried after a
- * transport failure is recognised by cursorlog (`duplicate`) instead of written twice.
+ * they were handed in. Every append and completion carries `expected_next_seq`, so a batch
+ * retried after a transport failure is recognised by cursorlog (`duplicate`) instead of
+ * written twice. An open is not idempotent (a retry would open a second stream), so a batch
+ * that is retried first fails its opens with the transport error, as a failed unary
+ * `OpenStream` call would, and retries the rest.
  */
 import type * as grpc from '@grpc/grpc-js';
 import { CursorlogError, CursorlogMcpError, type AppendResultMessage, type CursorlogClient } from './client.js';
-import type { BatchItem, BatchResult, NewEvent } from './proto.js';
+import type { BatchItem, BatchResult, NewEvent, OpenStreamRequest, OpenStreamResponse } from './proto.js';
 
 /** Limits of one `AppendBatch` call. */
 export interface ProducerOptions {
@@ -31,15 +35,26 @@ export interface ProducerOptions {
   appendVia?: 'batch' | 'stream';
 }
 
-interface Pending {
+/** An append or a completion handed in, awaiting its event id. */
+interface PendingEvent {
+  type: 'append' | 'complete';
   session: string;
   stream: string;
   seq: number;
-  complete: boolean;
   event: NewEvent;
   resolve: (id: string) => void;
   reject: (error: Error) => void;
 }
+
+/** A stream open handed in, awaiting the new stream. It belongs to no stream yet, so nothing waits for it. */
+interface PendingOpen {
+  type: 'open';
+  request: OpenStreamRequest;
+  resolve: (opened: OpenStreamResponse) => void;
+  reject: (error: Error) => void;
+}
+
+type Pending = PendingEvent | PendingOpen;
 
 /** Per cursorlog stream: the seq the next item will get, or the error that broke it. */
 interface StreamCursor {
@@ -49,9 +64,15 @@ interface StreamCursor {
 
 /** Counters, for tests and the benchmark. */
 export interface ProducerStats {
+  /** `AppendBatch` calls (and `AppendStream` calls opened). */
   batches: number;
+  /** Items sent (appends, completions and opens). */
   items: number;
+  /** Events sent (appended events and terminal frames). */
   events: number;
+  /** `open` items sent (streams opened through `AppendBatch`). */
+  opens: number;
+  /** `AppendBatch` calls retried after a transport failure. */
   retries: number;
 }
 
@@ -69,8 +90,8 @@ export class Producer {
   private readonly appendVia: 'batch' | 'stream';
   private channel: grpc.ClientDuplexStream<unknown, AppendResultMessage> | undefined;
   /** Appends written to the `AppendStream` call, awaiting their answers (in order). */
-  private streamed: Pending[] = [];
-  readonly stats: ProducerStats = { batches: 0, items: 0, events: 0, retries: 0 };
+  private streamed: PendingEvent[] = [];
+  readonly stats: ProducerStats = { batches: 0, items: 0, events: 0, opens: 0, retries: 0 };
 
   constructor(
     private readonly client: CursorlogClient,
@@ -96,12 +117,26 @@ export class Producer {
 
   /** Appends one event; resolves with its event id once durable. */
   append(session: string, stream: string, event: NewEvent): Promise<string> {
-    return this.enqueue(session, stream, event, false);
+    return this.enqueue(session, stream, event, 'append');
   }
 
   /** Writes the stream's terminal frame; resolves with its event id once durable. */
   complete(session: string, stream: string, event: NewEvent): Promise<string> {
-    return this.enqueue(session, stream, event, true);
+    return this.enqueue(session, stream, event, 'complete');
+  }
+
+  /**
+   * Opens a stream as an `open` item of the next `AppendBatch` (handled by cursorlog exactly
+   * like `OpenStream`); resolves with the new stream once durable, rejects with a
+   * {@link CursorlogError} naming `OpenStream` when cursorlog refused it. The caller
+   * `track`s the stream before appending to it: an append cannot name a stream before it
+   * exists, so a stream's first append always leaves in a later batch than its open.
+   */
+  open(request: OpenStreamRequest): Promise<OpenStreamResponse> {
+    return new Promise((resolve, reject) => {
+      this.queue.push({ type: 'open', request, resolve, reject });
+      this.pump();
+    });
   }
 
   /** Resolves once nothing is queued or in flight. */
@@ -110,7 +145,7 @@ export class Producer {
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
-  private enqueue(session: string, stream: string, event: NewEvent, complete: boolean): Promise<string> {
+  private enqueue(session: string, stream: string, event: NewEvent, type: 'append' | 'complete'): Promise<string> {
     const cursor = this.streams.get(stream);
     if (cursor === undefined) {
       return Promise.reject(new CursorlogMcpError(`stream ${stream} of session ${session} is not open in this process`));
@@ -118,14 +153,21 @@ export class Producer {
     if (cursor.broken !== undefined) return Promise.reject(cursor.broken);
     const seq = cursor.nextSeq++;
     return new Promise((resolve, reject) => {
-      this.queue.push({ session, stream, seq, complete, event, resolve, reject });
+      this.queue.push({ type, session, stream, seq, event, resolve, reject });
       this.pump();
     });
+  }
+
+  /** Roughly the bytes an item adds to the request. */
+  private static size(p: Pending): number {
+    if (p.type === 'open') return p.request.session.length + (p.request.correlation?.length ?? 0) + 64;
+    return p.event.payload.length + 64;
   }
 
   /**
    * The next batch: queued items in order, up to the limits, skipping every item of a stream
    * that has an item in a batch still in flight (so a stream's items never overtake each other).
+   * Opens belong to no stream yet: only the limits hold them back.
    */
   private take(): Pending[] {
     let bytes = 0;
@@ -133,8 +175,16 @@ export class Producer {
     const rest: Pending[] = [];
     const blocked = new Set<string>();
     for (const p of this.queue) {
-      const size = p.event.payload.length + 64;
+      const size = Producer.size(p);
       const full = batch.length >= this.maxItems || (batch.length > 0 && bytes + size > this.maxBytes);
+      if (p.type === 'open') {
+        if (full) rest.push(p);
+        else {
+          bytes += size;
+          batch.push(p);
+        }
+        continue;
+      }
       if (full || blocked.has(p.stream) || this.busy.has(p.stream)) {
         blocked.add(p.stream);
         rest.push(p);
@@ -154,14 +204,10 @@ export class Producer {
       const batch = this.take();
       if (batch.length === 0) break;
       this.inFlight += 1;
-      for (const p of batch) this.busy.set(p.stream, (this.busy.get(p.stream) ?? 0) + 1);
+      for (const p of batch) if (p.type !== 'open') this.markBusy(p.stream, 1);
       void this.send(batch).finally(() => {
         this.inFlight -= 1;
-        for (const p of batch) {
-          const n = (this.busy.get(p.stream) ?? 1) - 1;
-          if (n === 0) this.busy.delete(p.stream);
-          else this.busy.set(p.stream, n);
-        }
+        for (const p of batch) if (p.type !== 'open') this.markBusy(p.stream, -1);
         this.pump();
         this.notifyIdle();
       });
@@ -182,12 +228,16 @@ export class Producer {
     else this.busy.set(stream, n);
   }
 
-  /** Writes every queued append that may go now to the `AppendStream` call; leaves completions queued. */
+  /** Writes every queued append that may go now to the `AppendStream` call; leaves completions and opens queued. */
   private streamAppends(): void {
     const rest: Pending[] = [];
     const blocked = new Set<string>();
     for (const p of this.queue) {
-      if (p.complete || blocked.has(p.stream)) {
+      if (p.type === 'open') {
+        rest.push(p);
+        continue;
+      }
+      if (p.type === 'complete' || blocked.has(p.stream)) {
         blocked.add(p.stream);
         rest.push(p);
         continue;
@@ -197,7 +247,7 @@ export class Producer {
     this.queue = rest;
   }
 
-  private writeStreamed(p: Pending): void {
+  private writeStreamed(p: PendingEvent): void {
     if (this.channel === undefined) this.channel = this.openChannel();
     this.markBusy(p.stream, 1);
     this.streamed.push(p);
@@ -246,19 +296,27 @@ export class Producer {
     call?.end();
   }
 
-  /** Groups the batch into items: consecutive appends of one stream become one `Append`. */
+  /**
+   * Groups the batch into items: consecutive appends of one stream become one `Append`; each
+   * open is an item of its own. `owners[i]` are the callers answered by item `i`.
+   */
   private static items(batch: Pending[]): { items: BatchItem[]; owners: Pending[][] } {
     const items: BatchItem[] = [];
     const owners: Pending[][] = [];
     const openAppend = new Map<string, number>();
     for (const p of batch) {
+      if (p.type === 'open') {
+        items.push({ open: p.request });
+        owners.push([p]);
+        continue;
+      }
       const at = openAppend.get(p.stream);
-      if (!p.complete && at !== undefined) {
+      if (p.type === 'append' && at !== undefined) {
         items[at]!.append!.events.push(p.event);
         owners[at]!.push(p);
         continue;
       }
-      if (p.complete) {
+      if (p.type === 'complete') {
         openAppend.delete(p.stream);
         items.push({ complete: { session: p.session, stream: p.stream, expectedNextSeq: String(p.seq), terminal: p.event } });
       } else {
@@ -271,7 +329,13 @@ export class Producer {
   }
 
   private async send(batch: Pending[]): Promise<void> {
-    const { items, owners } = Producer.items(batch);
+    let { items, owners } = Producer.items(batch);
+    this.stats.batches += 1;
+    this.stats.items += items.length;
+    for (const p of batch) {
+      if (p.type === 'open') this.stats.opens += 1;
+      else this.stats.events += 1;
+    }
     let results: BatchResult[] | undefined;
     let lastError: Error | undefined;
     for (let attempt = 1; attempt <= this.attempts; attempt += 1) {
@@ -282,13 +346,19 @@ export class Producer {
       } catch (error) {
         lastError = error as Error;
         if (!(error instanceof CursorlogError) || !error.retryable || attempt === this.attempts) break;
+        // The opens may have been applied before the transport failed; a retry would open
+        // other streams. They fail now, as their unary call would have; the rest is retried.
+        const keep = owners.map((group) => group[0]!.type !== 'open');
+        owners.forEach((group, i) => {
+          if (!keep[i]) this.fail(group[0]!, error);
+        });
+        items = items.filter((_, i) => keep[i]);
+        owners = owners.filter((_, i) => keep[i]);
+        if (items.length === 0) return;
         this.stats.retries += 1;
         await new Promise((r) => setTimeout(r, 50 * 2 ** attempt));
       }
     }
-    this.stats.batches += 1;
-    this.stats.items += items.length;
-    this.stats.events += batch.length;
     if (results === undefined || results.length !== items.length) {
       const error =
         lastError ??
@@ -296,27 +366,44 @@ export class Producer {
       for (const group of owners) for (const p of group) this.fail(p, error);
       return;
     }
-    results.forEach((result, i) => {
-      const group = owners[i]!;
-      if (result.result === 'appended' && result.appended) {
-        const ids = result.appended.eventIds ?? [];
-        group.forEach((p, j) => {
-          const id = ids[j];
-          if (id === undefined) this.fail(p, new CursorlogMcpError(`AppendBatch returned ${ids.length} ids for ${group.length} events`));
-          else p.resolve(id);
-        });
-      } else if (result.result === 'completed' && result.completed?.terminalEventId) {
-        this.streams.delete(group[0]!.stream);
-        group[0]!.resolve(result.completed.terminalEventId);
-      } else {
-        const f = result.failure;
-        const error = new CursorlogError(group[0]!.complete ? 'Complete' : 'Append', f?.code ?? 2, f?.message ?? 'no result');
-        for (const p of group) this.fail(p, error);
-      }
-    });
+    results.forEach((result, i) => this.answer(owners[i]!, result));
+  }
+
+  /** Hands one item's result to the callers it answers. */
+  private answer(group: Pending[], result: BatchResult): void {
+    const first = group[0]!;
+    if (first.type === 'open') {
+      if (result.result === 'opened' && result.opened?.stream !== undefined) first.resolve(result.opened);
+      else this.fail(first, Producer.failure('OpenStream', 'opened', result));
+    } else if (first.type === 'complete') {
+      if (result.result === 'completed' && result.completed?.terminalEventId) {
+        this.streams.delete(first.stream);
+        first.resolve(result.completed.terminalEventId);
+      } else this.fail(first, Producer.failure('Complete', 'completed', result));
+    } else if (result.result === 'appended' && result.appended) {
+      const ids = result.appended.eventIds ?? [];
+      group.forEach((p, j) => {
+        const id = ids[j];
+        if (id === undefined) this.fail(p, new CursorlogMcpError(`AppendBatch returned ${ids.length} ids for ${group.length} events`));
+        else (p as PendingEvent).resolve(id);
+      });
+    } else {
+      const error = Producer.failure('Append', 'appended', result);
+      for (const p of group) this.fail(p, error);
+    }
+  }
+
+  /** The error of an item that did not get the result it expected: cursorlog's failure, as its unary RPC would have failed. */
+  private static failure(rpc: string, expected: string, result: BatchResult): CursorlogError {
+    const f = result.result === 'failure' ? result.failure : undefined;
+    return new CursorlogError(rpc, f?.code ?? 2 /* UNKNOWN */, f?.message ?? `AppendBatch answered ${result.result ?? 'nothing'} where ${expected} was expected`);
   }
 
   private fail(p: Pending, error: Error): void {
+    if (p.type === 'open') {
+      p.reject(error);
+      return;
+    }
     const cursor = this.streams.get(p.stream);
     if (cursor !== undefined && cursor.broken === undefined) cursor.broken = error;
     p.reject(error);

@@ -129,15 +129,30 @@ export interface TerminateResponse {
   duplicate?: boolean;
 }
 
+export interface OpenStreamRequest {
+  session: string;
+  epoch: U64;
+  correlation?: string;
+  leaseMs?: U64;
+}
+
+export interface OpenStreamResponse {
+  stream: U64;
+  epoch: U64;
+  startEventId: string;
+}
+
 export interface BatchItem {
   append?: AppendRequest;
   complete?: CompleteRequest;
+  open?: OpenStreamRequest;
 }
 
 export interface BatchResult {
-  result: 'appended' | 'completed' | 'failure';
+  result: 'appended' | 'completed' | 'opened' | 'failure';
   appended?: AppendResponse;
   completed?: TerminateResponse;
+  opened?: OpenStreamResponse;
   failure?: { code?: number; message?: string };
 }
 
@@ -159,10 +174,7 @@ export interface Rpcs {
     { session: string; epoch: U64; state?: Buffer; expired?: boolean; idleTtlMs?: U64 },
   ];
   ExpireSession: [{ session: string }, { abortedStreams?: U64[] }];
-  OpenStream: [
-    { session: string; epoch: U64; correlation?: string; leaseMs?: U64 },
-    { stream: U64; epoch: U64; startEventId: string },
-  ];
+  OpenStream: [OpenStreamRequest, OpenStreamResponse];
   AppendBatch: [{ items: BatchItem[] }, { results?: BatchResult[] }];
   Abort: [{ session: string; stream: U64; reason: string }, TerminateResponse];
   KeepAlive: [{ session: string; stream?: U64 }, Record<string, never>];

@@ -68,7 +68,7 @@ async function readJson(req: IncomingMessage): Promise<unknown> {
 
 /**
  * True for a POST carrying a JSON-RPC request under protocol 2025-11-25 or later: the SDK
- * stores its priming event first, so cursorlog's OpenStream vouches for the session.
+ * stores its priming event first, so opening its stream in cursorlog vouches for the session.
  */
 function opensStream(req: IncomingMessage, body: unknown): boolean {
   if (req.method !== 'POST') return false;
@@ -187,8 +187,8 @@ export class CursorlogSessions {
   private async find(sessionId: string, req: AuthedRequest, verifiedByWrite: boolean): Promise<Live | undefined> {
     const known = this.live.get(sessionId);
     if (known !== undefined) {
-      // A request that opens a stream is verified by its OpenStream (an ended session fails it
-      // and is dropped here, see `onSessionGone`); others ask cursorlog at most every verifyAfterMs.
+      // A request that opens a stream is verified by that open (an ended session fails it and
+      // is dropped here, see `onSessionGone`); others ask cursorlog at most every verifyAfterMs.
       if (verifiedByWrite || Date.now() - known.verifiedAt < this.verifyAfterMs) return known;
       const session = await this.getSession(sessionId);
       if (session === undefined || session.expired) {

@@ -5,15 +5,16 @@
  * sessions (`_GET_stream`, and the same ids in every process), so each session's transport
  * gets its own store, bound to the real `Mcp-Session-Id` and naming it in every cursorlog
  * call. Each SDK stream this process produces maps to its own cursorlog stream (opened at the
- * priming event, `correlation` = the request id, with a producer lease). Event ids are
- * cursorlog cursors `{epoch}-{stream}-{seq}`; a priming event's id is the stream's start
- * cursor `{epoch}-{stream}-0` (nothing is written for it).
+ * priming event, `correlation` = the request id, with a producer lease, as an `open` item of
+ * the producer's coalesced `AppendBatch`). Event ids are cursorlog cursors
+ * `{epoch}-{stream}-{seq}`; a priming event's id is the stream's start cursor
+ * `{epoch}-{stream}-0` (nothing is written for it).
  */
 import type { EventStore, EventId, StreamId } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import type { JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js';
 import { CursorlogError, CursorlogMcpError } from './client.js';
 import type { Core } from './core.js';
-import type { Rpcs } from './proto.js';
+import type { OpenStreamRequest, OpenStreamResponse, Rpcs } from './proto.js';
 import { ANSWERED_SUFFIX } from './resume.js';
 import { Resumer } from './replay.js';
 import { checkTransport, requestIdsOfStream, type TransportInternals } from './sdk-internals.js';
@@ -184,7 +185,7 @@ export class SessionEventStore implements EventStore {
   private async open(sdkId: string): Promise<LocalStream> {
     const ids = this.transport === undefined ? [] : requestIdsOfStream(this.transport, sdkId);
     const correlation = ids.length > 0 ? String(ids[0]) : undefined;
-    const request = {
+    const request: OpenStreamRequest = {
       session: this.session,
       epoch: this.epoch,
       ...(correlation !== undefined ? { correlation } : {}),
@@ -192,7 +193,7 @@ export class SessionEventStore implements EventStore {
     };
     let opened;
     try {
-      opened = await this.call('OpenStream', request);
+      opened = await this.openStream(request);
     } catch (error) {
       if (!(error instanceof CursorlogError) || (error.code !== 9 /* FAILED_PRECONDITION */ && error.code !== 5) /* NOT_FOUND */) throw error;
       // A stale epoch (the session advanced elsewhere) or a session that ended elsewhere.
@@ -202,7 +203,7 @@ export class SessionEventStore implements EventStore {
         throw new CursorlogMcpError(`session ${this.session} has ended (expired or deleted on another replica): ${error.message}`);
       }
       this.epoch = session.epoch;
-      opened = await this.call('OpenStream', { ...request, epoch: this.epoch });
+      opened = await this.openStream({ ...request, epoch: this.epoch });
     }
     const local: LocalStream = {
       sdkId,
@@ -217,6 +218,13 @@ export class SessionEventStore implements EventStore {
     this.local.set(sdkId, local);
     this.byStream.set(opened.stream, local);
     return local;
+  }
+
+  /** Opens a cursorlog stream in this session (renews its idle TTL), through the batch unless `openVia: 'unary'`. */
+  private openStream(request: OpenStreamRequest): Promise<OpenStreamResponse> {
+    if (this.core.openVia === 'unary') return this.call('OpenStream', request);
+    this.touchedAt = Date.now();
+    return this.core.producer.open(request);
   }
 
   private async abortQuietly(local: LocalStream, reason: string): Promise<void> {
