@@ -84,6 +84,17 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub read_calls_max: u32,
+    /// Most threads for engine calls that block (opening sessions, resolves, catch-up reads,
+    /// aborts); further calls queue for a free thread. Appends, OpenStream and Complete wait
+    /// for their group commit without one. Bounds memory under a slow disk: each thread
+    /// costs a stack and an allocator heap.
+    #[arg(
+        long,
+        env = "CURSORLOG_BLOCKING_THREADS",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub blocking_threads: u16,
     /// Serve Prometheus text metrics over plain HTTP on this address; a bare port means
     /// 127.0.0.1:PORT. A non-loopback address needs auth (see --allow-insecure-plaintext-token)
     /// or --allow-unauthenticated-metrics.

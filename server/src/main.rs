@@ -12,7 +12,9 @@
 
 /// mimalloc rather than glibc malloc: with the writer, acker, flusher and runtime threads
 /// allocating concurrently, glibc's malloc and free were about a third of the append path's
-/// instructions; measured in `benches/README.md`.
+/// instructions; measured in `benches/README.md`. The `system-allocator` feature keeps
+/// glibc's, for heap profilers that hook malloc (heaptrack, valgrind).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -208,11 +210,15 @@ mod tests {
             "7",
             "--log-format",
             "json",
+            "--blocking-threads",
+            "8",
         ])
         .unwrap();
         assert_eq!(cli.serve.fault_fail_fsync_after, Some(3));
         assert_eq!(cli.serve.read_calls_max, 7);
         assert_eq!(cli.serve.log_format, LogFormat::Json);
+        assert_eq!(cli.serve.blocking_threads, 8);
+        assert!(parse_cli_from(["cursorlog", "--blocking-threads", "0"]).is_err());
         assert!(parse_cli_from(["cursorlog", "--read-calls-max", "0"]).is_err());
         assert!(parse_cli_from(["cursorlog", "--fault-fail-fsync-after", "0"]).is_err());
     }

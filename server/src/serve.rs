@@ -42,6 +42,7 @@ const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 pub fn run(args: ServeArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(usize::from(args.blocking_threads))
         .build()
     {
         Ok(rt) => rt,
@@ -299,6 +300,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         auth = exposure.token.is_some(),
         token_from = exposure.origin.as_ref().map(ToString::to_string),
         read_calls_max = args.read_calls_max,
+        blocking_threads = args.blocking_threads,
         session_idle_ttl_secs = args.session_idle_ttl_secs,
         "cursorlog {} serving data dir {}; recovery: {}; listening on {local}",
         env!("CARGO_PKG_VERSION"),

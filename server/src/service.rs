@@ -67,6 +67,29 @@ impl CursorLogService {
     {
         run_blocking(&self.engine, f).await
     }
+
+    /// One durable write awaited by the task, not by a blocking-pool thread: a call that
+    /// waits for a group commit (an fdatasync) must not hold a thread, or a slow disk turns
+    /// every in-flight `OpenStream`/`Complete` into one more thread (and its memory).
+    async fn write_one(&self, item: engine::BatchWrite) -> Result<engine::BatchWritten, Status> {
+        match self.engine.write_batch_async(vec![item]).await.pop() {
+            Some(written) => written.map_err(|err| status::from_engine(&err)),
+            None => Err(Status::internal(
+                "internal: the engine answered no result for one write",
+            )),
+        }
+    }
+}
+
+/// The status for an engine answer of the wrong kind (a bug, never the caller's fault).
+fn unexpected_answer(call: &str, answer: &engine::BatchWritten) -> Status {
+    tracing::error!(
+        ?answer,
+        "{call}: the engine answered with the wrong kind of result"
+    );
+    Status::internal(format!(
+        "internal: {call} got the wrong kind of answer from the engine; the server log has it"
+    ))
 }
 
 pub(crate) async fn run_blocking<T, F>(engine: &Engine, f: F) -> Result<T, Status>
@@ -216,7 +239,10 @@ impl CursorLog for CursorLogService {
             correlation: r.correlation,
             lease_ms: r.lease_ms,
         };
-        let info = self.blocking(move |e| e.open_stream(req)).await?;
+        let info = match self.write_one(engine::BatchWrite::Open(req)).await? {
+            engine::BatchWritten::Opened(info) => info,
+            other => return Err(unexpected_answer("OpenStream", &other)),
+        };
         Ok(Response::new(pb::OpenStreamResponse {
             stream: info.stream,
             epoch: info.epoch,
@@ -300,10 +326,16 @@ impl CursorLog for CursorLogService {
             .terminal
             .map(convert::new_event)
             .ok_or_else(|| Status::invalid_argument("terminal is required: the terminal frame"))?;
-        let expected = r.expected_next_seq;
-        let t = self
-            .blocking(move |e| e.complete(&session, stream, expected, terminal))
-            .await?;
+        let complete = engine::BatchWrite::Complete {
+            session,
+            stream,
+            expected_next_seq: r.expected_next_seq,
+            terminal,
+        };
+        let t = match self.write_one(complete).await? {
+            engine::BatchWritten::Completed(t) => t,
+            other => return Err(unexpected_answer("Complete", &other)),
+        };
         Ok(Response::new(convert::terminated(&t)))
     }
 

@@ -15,7 +15,7 @@
  * `sendNotification`; latency = receive time - that stamp, so it covers the durable append).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -152,6 +152,8 @@ const pct = (sorted: number[], p: number): number => sorted[Math.min(sorted.leng
 const median = (xs: number[]): number => pct([...xs].sort((a, b) => a - b), 50);
 
 async function main(): Promise<void> {
+  // The default data root is gitignored, so a fresh clone does not have it yet.
+  mkdirSync(values['data-root']!, { recursive: true });
   const root = mkdtempSync(join(values['data-root']!, 'run-'));
   try {
     const cl = start('cursorlog', values['cursorlog-bin']!, ['serve', '--data-dir', join(root, 'cursorlog'), '--listen', '127.0.0.1:0', '--sync', 'always']);
