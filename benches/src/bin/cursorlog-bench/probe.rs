@@ -36,6 +36,20 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// How many threads the server runs (`Threads` of `/proc/<pid>/status`): not judged, but a
+/// thread is a stack and an allocator heap, so it explains RSS steps.
+pub fn thread_count(pid: u32) -> Result<u64, BoxError> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+    parse_threads(&status).ok_or_else(|| format!("{path} has no parsable Threads line").into())
+}
+
+/// `Threads:  4` → 4.
+fn parse_threads(status: &str) -> Option<u64> {
+    let value = status.lines().find_map(|l| l.strip_prefix("Threads:"))?;
+    value.trim().parse().ok()
+}
+
 /// How many file descriptors the server has open (entries of `/proc/<pid>/fd`).
 pub fn fd_count(pid: u32) -> Result<u64, BoxError> {
     let path = format!("/proc/{pid}/fd");
@@ -165,6 +179,8 @@ mod tests {
         assert_eq!(parse_vm_rss(status), Some(2048 * 1024));
         assert_eq!(parse_vm_rss("Name:\tx\n"), None);
         assert_eq!(parse_vm_rss("VmRSS:\tlots kB\n"), None);
+        assert_eq!(parse_threads(status), Some(4));
+        assert_eq!(parse_threads("Threads:\tmany\n"), None);
     }
 
     #[test]

@@ -94,7 +94,7 @@ impl SoakArgs {
 
 const CSV_HEADER: &str = "t_secs,phase,rss_bytes,disk_bytes,fds,append_p50_us,append_p99_us,\
 appends,live_sessions,sessions,streams,open_streams,server_followers,client_followers,\
-server_cpu_cores,sessions_opened,errors,followers_ended_by_server,fsync_probe_p99_us";
+server_cpu_cores,sessions_opened,errors,followers_ended_by_server,fsync_probe_p99_us,threads";
 
 /// The control probe's fdatasync p99 over the sample's interval, µs.
 fn fsync_p99_us(s: &Sample) -> Option<u64> {
@@ -107,7 +107,7 @@ fn fsync_p99_us(s: &Sample) -> Option<u64> {
 fn csv_row(s: &Sample, phase: Phase) -> String {
     let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
     format!(
-        "{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        "{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
         s.t,
         phase.label(),
         s.rss_bytes,
@@ -126,19 +126,20 @@ fn csv_row(s: &Sample, phase: Phase) -> String {
         s.sessions_opened,
         s.errors,
         s.followers_ended,
-        opt(fsync_p99_us(s))
+        opt(fsync_p99_us(s)),
+        s.threads
     )
 }
 
 const TABLE_HEADER: &str = "  t (s) phase    RSS MiB disk MiB   fds  p50 ms  p99 ms appends/s \
-live sess  sessions  followers srv/cli  cpu  errors fsync p99";
+live sess  sessions  followers srv/cli  cpu  errors fsync p99 thr";
 
 fn table_row(s: &Sample, phase: Phase, interval: f64) -> String {
     let ms = |v: Option<u64>| {
         v.map_or_else(|| "-".to_owned(), |us| format!("{:.2}", us as f64 / 1000.0))
     };
     format!(
-        "{:>7.0} {:<7} {:>8.1} {:>8.1} {:>5} {:>7} {:>7} {:>9.0} {:>9} {:>9} {:>9}/{:<7} {:>4} {:>7} {:>9}",
+        "{:>7.0} {:<7} {:>8.1} {:>8.1} {:>5} {:>7} {:>7} {:>9.0} {:>9} {:>9} {:>9}/{:<7} {:>4} {:>7} {:>9} {:>3}",
         s.t,
         phase.label(),
         s.rss_bytes as f64 / (1024.0 * 1024.0),
@@ -153,7 +154,8 @@ fn table_row(s: &Sample, phase: Phase, interval: f64) -> String {
         s.client_followers,
         s.server_cpu.map_or_else(|| "-".to_owned(), |c| format!("{c:.2}")),
         s.errors,
-        ms(fsync_p99_us(s))
+        ms(fsync_p99_us(s)),
+        s.threads
     )
 }
 
@@ -300,6 +302,7 @@ pub async fn run(
                 .map_err(|e| format!("the server (pid {pid}) is gone? {e}"))?,
             disk_bytes: probe::dir_bytes(&data_dir)?,
             fds: probe::fd_count(pid)?,
+            threads: probe::thread_count(pid)?,
             append_p50_us: has_appends.then(|| appends.value_at_quantile(0.5)),
             append_p99_us: has_appends.then(|| appends.value_at_quantile(0.99)),
             appends: appends.len(),

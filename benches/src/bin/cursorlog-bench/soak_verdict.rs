@@ -70,6 +70,8 @@ pub struct Sample {
     pub disk_bytes: u64,
     /// Server file descriptors.
     pub fds: u64,
+    /// Server threads (reported, not judged).
+    pub threads: u64,
     /// Append latency median over the interval, µs (`None`: no append was acknowledged).
     pub append_p50_us: Option<u64>,
     /// Append latency p99 over the interval, µs.
