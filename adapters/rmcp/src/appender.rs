@@ -8,9 +8,11 @@
 //! `max_items` items or `max_bytes` payload bytes) in one call. The busier the replica, the
 //! larger the batches; cursorlog group-commits each call's items with one fsync.
 //!
-//! Every write carries `expected_next_seq`, so a call that failed in transit (the answer was
-//! lost, not refused) is retried as a whole: items already written answer `duplicate = true`
-//! with their original ids, the rest are written once.
+//! Every append and completion carries `expected_next_seq`, so a call that failed in transit
+//! (the answer was lost, not refused) is retried: items already written answer
+//! `duplicate = true` with their original ids, the rest are written once. A stream open
+//! (`open` item) has no such key: a retry could open a second stream, so the opens of a call
+//! that failed in transit fail at once and only its other items are retried.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,6 +42,11 @@ pub struct BatchConfig {
     /// How often a call that failed in transit (`UNAVAILABLE`, `UNKNOWN`) is retried before
     /// its writes fail.
     pub retries: u32,
+    /// Open each request stream as an `open` item of the shared `AppendBatch` (one durable
+    /// write shared with every session's appends) rather than with its own unary
+    /// `OpenStream` call. On by default; off measures the difference (rmcp_load
+    /// `--unary-open-side`).
+    pub open_in_batch: bool,
 }
 
 impl Default for BatchConfig {
@@ -49,13 +56,15 @@ impl Default for BatchConfig {
             max_items: 1024,
             max_bytes: 4 << 20,
             retries: 3,
+            open_in_batch: true,
         }
     }
 }
 
-/// One write: an append to a stream, or its completion.
+/// One write: a new stream, an append to a stream, or its completion.
 #[derive(Debug, Clone)]
 pub(crate) enum Write {
+    Open(pb::OpenStreamRequest),
     Append(pb::AppendRequest),
     Complete(pb::CompleteRequest),
 }
@@ -63,6 +72,7 @@ pub(crate) enum Write {
 impl Write {
     fn payload_bytes(&self) -> usize {
         match self {
+            Self::Open(_) => 0,
             Self::Append(a) => a.events.iter().map(|e| e.payload.len()).sum(),
             Self::Complete(c) => c.terminal.as_ref().map_or(0, |t| t.payload.len()),
         }
@@ -70,6 +80,7 @@ impl Write {
 
     fn op(&self) -> &'static str {
         match self {
+            Self::Open(_) => "OpenStream",
             Self::Append(_) => "Append",
             Self::Complete(_) => "Complete",
         }
@@ -77,6 +88,7 @@ impl Write {
 
     fn item(&self) -> pb::BatchItem {
         let item = match self {
+            Self::Open(o) => Item::Open(o.clone()),
             Self::Append(a) => Item::Append(a.clone()),
             Self::Complete(c) => Item::Complete(c.clone()),
         };
@@ -87,6 +99,7 @@ impl Write {
 /// What cursorlog answered to one write.
 #[derive(Debug)]
 pub(crate) enum Written {
+    Opened(pb::OpenStreamResponse),
     Appended(pb::AppendResponse),
     Completed(pb::TerminateResponse),
 }
@@ -207,20 +220,33 @@ fn in_transit(code: Code) -> bool {
 
 async fn send(
     mut client: Client,
-    jobs: Vec<Job>,
+    mut jobs: Vec<Job>,
     retries: u32,
     counters: Arc<Counters>,
     _slot: OwnedSemaphorePermit,
 ) {
-    let items: Vec<pb::BatchItem> = jobs.iter().map(|j| j.write.item()).collect();
     let mut attempt = 0;
     let answer = loop {
         let request = pb::AppendBatchRequest {
-            items: items.clone(),
+            items: jobs.iter().map(|j| j.write.item()).collect(),
         };
         match client.append_batch(request).await {
             Ok(r) => break Ok(r.into_inner().results),
             Err(status) if in_transit(status.code()) && attempt < retries => {
+                // Opens are not idempotent: they fail now; the rest is retried.
+                let (opens, rest): (Vec<Job>, Vec<Job>) = jobs
+                    .into_iter()
+                    .partition(|j| matches!(j.write, Write::Open(_)));
+                for job in opens {
+                    let _ = job.reply.send(Err(Error::Rpc {
+                        op: job.write.op(),
+                        status: status.clone(),
+                    }));
+                }
+                jobs = rest;
+                if jobs.is_empty() {
+                    return;
+                }
                 attempt += 1;
                 counters.retries.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(attempt, error = %status, "cursorlog: AppendBatch failed in transit; retrying");
@@ -258,6 +284,7 @@ async fn send(
 
 fn outcome(op: &'static str, result: pb::BatchResult) -> Result<Written> {
     match result.result {
+        Some(BatchOutcome::Opened(o)) if op == "OpenStream" => Ok(Written::Opened(o)),
         Some(BatchOutcome::Appended(a)) if op == "Append" => Ok(Written::Appended(a)),
         Some(BatchOutcome::Completed(c)) if op == "Complete" => Ok(Written::Completed(c)),
         Some(BatchOutcome::Failure(f)) => Err(Error::Rpc {
@@ -326,6 +353,51 @@ mod tests {
             3,
             "1 call + 2 retries"
         );
+    }
+
+    fn open() -> Write {
+        Write::Open(pb::OpenStreamRequest {
+            session: "s".into(),
+            epoch: 1,
+            correlation: Some("r1".into()),
+            lease_ms: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn an_open_travels_in_the_batch_and_is_answered_with_its_stream() {
+        let fake = Arc::new(Fake::default());
+        let appender = Appender::spawn(fake::start(fake.clone()).await, config(3));
+        let Written::Opened(o) = appender.write(open()).await.unwrap() else {
+            panic!("an open is answered as one")
+        };
+        assert_eq!((o.stream, o.epoch), (100, 1));
+        assert_eq!(fake.batch_calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_open_in_a_call_that_failed_in_transit_fails_and_only_the_rest_is_retried() {
+        let fake = Arc::new(Fake::default());
+        fake.batch_failures.store(1, Ordering::SeqCst);
+        // The test runtime has one thread: both writes are queued before the batching task
+        // first runs, so they leave in one call.
+        let appender = Appender::spawn(
+            fake::start(fake.clone()).await,
+            BatchConfig {
+                max_in_flight: 1,
+                ..config(3)
+            },
+        );
+        let (opened, appended) = tokio::join!(appender.write(open()), appender.write(append(8, 1)));
+        let err = opened.unwrap_err();
+        assert_eq!(err.code(), Some(Code::Unavailable), "{err}");
+        assert!(matches!(appended.unwrap(), Written::Appended(a) if a.stream == 8));
+        assert_eq!(
+            fake.opens.load(Ordering::SeqCst),
+            0,
+            "a retried open could open a second stream: it is never retried"
+        );
+        assert_eq!(fake.batch_calls.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

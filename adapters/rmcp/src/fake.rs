@@ -2,7 +2,7 @@
 //! tests need (sessions, batched appends, keep-alives), can fail appends in transit, and
 //! counts what it was asked. Everything else is `UNIMPLEMENTED`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cursorlog_proto::v1 as pb;
@@ -19,6 +19,8 @@ pub(crate) struct Fake {
     pub(crate) batch_failures: AtomicU32,
     /// `AppendBatch` calls received (failed ones included).
     pub(crate) batch_calls: AtomicU32,
+    /// `open` items carried out (streams opened, numbered from 100).
+    pub(crate) opens: AtomicU64,
     /// Streams whose appends each fail with FAILED_PRECONDITION.
     pub(crate) refused_stream: Mutex<Option<u64>>,
     /// `(session, stream)` of every KeepAlive.
@@ -163,10 +165,14 @@ impl CursorLog for Service {
                             duplicate: false,
                         })
                     }
-                    Some(pb::batch_item::Item::Open(_)) => R::Failure(pb::Failure {
-                        code: tonic::Code::Unimplemented as i32,
-                        message: "the fake does not open streams in a batch".into(),
-                    }),
+                    Some(pb::batch_item::Item::Open(o)) => {
+                        let stream = 100 + self.0.opens.fetch_add(1, Ordering::SeqCst);
+                        R::Opened(pb::OpenStreamResponse {
+                            stream,
+                            epoch: o.epoch,
+                            start_event_id: format!("{}-{stream}-0", o.epoch),
+                        })
+                    }
                     None => R::Failure(pb::Failure {
                         code: tonic::Code::InvalidArgument as i32,
                         message: "empty item".into(),

@@ -115,6 +115,8 @@ impl Default for AdapterConfig {
 pub(crate) struct Shared {
     pub(crate) client: Client,
     pub(crate) appender: appender::Appender,
+    /// `BatchConfig::open_in_batch`: streams open as items of the shared batch.
+    pub(crate) open_in_batch: bool,
     pub(crate) lease: Option<Duration>,
     pub(crate) sse_retry: Duration,
     pub(crate) on_evicted: OnEvicted,
@@ -128,6 +130,7 @@ impl Shared {
     pub(crate) fn for_tests(client: Client) -> Arc<Self> {
         Arc::new(Self {
             appender: appender::Appender::spawn(client.clone(), BatchConfig::default()),
+            open_in_batch: BatchConfig::default().open_in_batch,
             client,
             lease: None,
             sse_retry: Duration::from_secs(3),
@@ -240,6 +243,7 @@ impl Cursorlog {
             .get_or_insert(SessionConfig::DEFAULT_SSE_RETRY);
         let client = self.client();
         let shared = Arc::new(Shared {
+            open_in_batch: config.batch.open_in_batch,
             appender: appender::Appender::spawn(client.clone(), config.batch),
             client,
             lease: config.lease,

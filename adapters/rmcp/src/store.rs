@@ -141,9 +141,7 @@ impl Binding {
             };
             return match shared.appender.write(Write::Complete(complete)).await? {
                 Written::Completed(done) => Ok(done.terminal_event_id),
-                Written::Appended(_) => {
-                    Err(Error::Protocol("Complete answered as an append".into()))
-                }
+                other => Err(Error::Protocol(format!("Complete answered with {other:?}"))),
             };
         }
         let append = pb::AppendRequest {
@@ -154,9 +152,7 @@ impl Binding {
         };
         let appended = match shared.appender.write(Write::Append(append)).await? {
             Written::Appended(a) => a,
-            Written::Completed(_) => {
-                return Err(Error::Protocol("Append answered as a completion".into()))
-            }
+            other => return Err(Error::Protocol(format!("Append answered with {other:?}"))),
         };
         {
             let mut position = locked(&self.position);
@@ -288,6 +284,8 @@ impl SessionEventStore {
         Ok((binding, true))
     }
 
+    /// Opens the cursorlog stream of a new rmcp stream: an `open` item of the shared batch
+    /// (or a unary `OpenStream` when `open_in_batch` is off).
     async fn open_stream(
         &self,
         request: Option<&RequestId>,
@@ -302,19 +300,33 @@ impl SessionEventStore {
                 correlation: request.map(event_id::correlation),
                 lease_ms: lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX).max(1)),
             };
-            match self.inner.shared.client.clone().open_stream(req).await {
-                Ok(r) => return Ok(r.into_inner()),
+            let opened = if self.inner.shared.open_in_batch {
+                match self.inner.shared.appender.write(Write::Open(req)).await {
+                    Ok(Written::Opened(o)) => Ok(o),
+                    Ok(other) => {
+                        return Err(Error::Protocol(format!(
+                            "OpenStream answered with {other:?}"
+                        )))
+                    }
+                    Err(e) => Err(e),
+                }
+            } else {
+                match self.inner.shared.client.clone().open_stream(req).await {
+                    Ok(r) => Ok(r.into_inner()),
+                    Err(status) => Err(Error::Rpc {
+                        op: "OpenStream",
+                        status,
+                    }),
+                }
+            };
+            match opened {
+                Ok(o) => return Ok(o),
                 // The epoch moved on (or the cached one predates a restart): ask once.
-                Err(s) if s.code() == Code::FailedPrecondition && !refreshed => {
+                Err(e) if e.code() == Some(Code::FailedPrecondition) && !refreshed => {
                     epoch = self.epoch(true).await?;
                     refreshed = true;
                 }
-                Err(status) => {
-                    return Err(Error::Rpc {
-                        op: "OpenStream",
-                        status,
-                    })
-                }
+                Err(e) => return Err(e),
             }
         }
     }

@@ -239,8 +239,8 @@ async fn writes_of_many_sessions_share_batched_appends_and_each_gets_its_own_id(
     let (calls, items) = (stats.calls - before.calls, stats.items - before.items);
     assert_eq!(
         items,
-        50 * 5,
-        "4 progress notifications and a result per session"
+        50 * 6,
+        "the stream's open, 4 progress notifications and a result per session, all batched"
     );
     assert!(
         calls < items,
@@ -284,6 +284,41 @@ async fn writes_of_many_sessions_share_batched_appends_and_each_gets_its_own_id(
             );
         }
     }
+}
+
+/// The control of the lever above: with `open_in_batch` off every stream opens with its own
+/// unary `OpenStream`, so the shared batches carry the writes only, and the calls still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_open_in_batch_off_streams_open_outside_the_batches() {
+    let fx = Fixture::start(|c| c.batch.open_in_batch = false);
+    let mut sessions = Vec::new();
+    for _ in 0..5 {
+        sessions.push(fx.session(Emitter::default()).await);
+    }
+    let before = fx.manager.append_stats();
+    let calls = sessions.iter().enumerate().map(|(i, id)| {
+        let (manager, id) = (fx.manager.clone(), id.clone());
+        async move {
+            let stream = manager
+                .create_stream(&id, emit(1, 2, &format!("s{i}")))
+                .await
+                .unwrap();
+            drain(Box::pin(stream)).await
+        }
+    });
+    for (i, events) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(result_text(&events), Some(format!("done s{i}")));
+    }
+    let items = fx.manager.append_stats().items - before.items;
+    assert_eq!(
+        items,
+        5 * 3,
+        "2 progress notifications and a result per session"
+    );
 }
 
 /// When cursorlog cannot store, the tool's send fails and the client gets nothing more: no

@@ -68,6 +68,11 @@ struct Args {
     /// nothing durable). Its throughput is the ceiling any store can reach on this machine.
     #[arg(long)]
     ceiling: bool,
+    /// Also run the cursorlog adapter with `BatchConfig::open_in_batch` off (one unary
+    /// `OpenStream` per tool call, as before the `open` batch item), to measure that lever in
+    /// the same run.
+    #[arg(long)]
+    unary_open_side: bool,
     /// cargo bench passes `--bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -372,7 +377,7 @@ async fn main() {
     if args.no_lease {
         adapter.lease = None;
     }
-    let c_manager = Arc::new(cursorlog.session_manager(adapter));
+    let c_manager = Arc::new(cursorlog.session_manager(adapter.clone()));
     let c_service = StreamableHttpService::new(
         || Ok(Burst),
         c_manager.clone(),
@@ -392,6 +397,17 @@ async fn main() {
     let c_url = serve(axum::Router::new().nest_service("/mcp", c_service)).await;
     let r_url = serve(axum::Router::new().nest_service("/mcp", r_service)).await;
     let mut urls = vec![("cursorlog", c_url), ("redis", r_url)];
+    if args.unary_open_side {
+        let mut unary = adapter.clone();
+        unary.batch.open_in_batch = false;
+        let u_service = StreamableHttpService::new(
+            || Ok(Burst),
+            Arc::new(cursorlog.session_manager(unary)),
+            http_config(Some(Arc::new(cursorlog.session_store()))),
+        );
+        let u_url = serve(axum::Router::new().nest_service("/mcp", u_service)).await;
+        urls.push(("cursorlog-unary-open", u_url));
+    }
     if args.ceiling {
         let m_service = StreamableHttpService::new(
             || Ok(Burst),
@@ -479,15 +495,22 @@ async fn main() {
     for (side, (eps, p50, p99)) in sides.iter().zip(&summary) {
         println!("| {} | {eps:.0} | {p50:.2} | {p99:.2} |", side.name);
     }
-    println!(
-        "\ncursorlog / redis: throughput {:.2}x, p99 {:.2}x",
-        summary[0].0 / summary[1].0,
-        summary[0].2 / summary[1].2
-    );
-    if let Some(ceiling) = summary.get(2) {
+    let redis = summary[1];
+    println!();
+    for (side, s) in sides.iter().zip(&summary) {
+        if side.name == "redis" {
+            continue;
+        }
+        let note = if side.name == "no-store" {
+            " (the most any store could gain here)"
+        } else {
+            ""
+        };
         println!(
-            "no-store / redis: throughput {:.2}x (the most any store could gain here)",
-            ceiling.0 / summary[1].0
+            "{} / redis: throughput {:.2}x, p99 {:.2}x{note}",
+            side.name,
+            s.0 / redis.0,
+            s.2 / redis.2
         );
     }
     println!(
