@@ -29,6 +29,7 @@ use crate::writer::Writer;
 
 mod query;
 mod write;
+mod write_async;
 
 /// A handle to an open data directory. Cheap to clone; every clone talks to one writer.
 ///

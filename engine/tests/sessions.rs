@@ -235,3 +235,73 @@ async fn a_batch_answers_each_item_alone_and_keeps_each_streams_order() {
     assert_eq!(payloads, [&b"a1"[..], b"a2", b"done"]);
     assert!(read.end_of_stream);
 }
+
+/// The async forms of the session and termination calls (which the server uses, so no thread
+/// waits for a group commit) answer exactly as their blocking twins, refusals included.
+#[tokio::test]
+async fn the_async_session_calls_answer_as_the_blocking_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    let info = e
+        .open_session_with_state_async("s", Some(b"init".to_vec()))
+        .await
+        .unwrap();
+    assert!(info.created && info.epoch == 1 && info.state == b"init");
+    let again = e.open_session_with_state_async("s", None).await.unwrap();
+    assert!(!again.created && again.state == b"init");
+    assert!(matches!(
+        e.open_session_with_state_async("", None).await,
+        Err(Error::InvalidArgument { .. })
+    ));
+
+    e.set_session_state_async("s", b"v2".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(e.session("s").unwrap().unwrap().state, b"v2");
+    assert!(matches!(
+        e.set_session_state_async("nobody", Vec::new()).await,
+        Err(Error::UnknownSession)
+    ));
+
+    let first = stream(&e, "s");
+    let advanced = e.advance_epoch_async("s").await.unwrap();
+    assert_eq!((advanced.epoch, advanced.superseded), (2, vec![first]));
+
+    let open = e
+        .open_stream(OpenStream {
+            session: "s".into(),
+            epoch: 2,
+            correlation: Some("r2".into()),
+            lease_ms: None,
+        })
+        .unwrap()
+        .stream;
+    let aborted = e
+        .abort_async("s", open, "producer gone", None)
+        .await
+        .unwrap();
+    assert_eq!(aborted.state, StreamState::Aborted);
+    let outcome = e.stream_outcome("s", open).unwrap().unwrap();
+    assert_eq!(outcome.reason.as_deref(), Some("producer gone"));
+    assert!(matches!(
+        e.abort_async("s", open, "again", None).await,
+        Err(Error::StreamTerminated { .. })
+    ));
+
+    let last = e
+        .open_stream(OpenStream {
+            session: "s".into(),
+            epoch: 2,
+            correlation: None,
+            lease_ms: None,
+        })
+        .unwrap()
+        .stream;
+    let expired = e.expire_session_async("s").await.unwrap();
+    assert_eq!(expired.aborted, vec![last]);
+    assert!(e.session("s").unwrap().unwrap().expired);
+    assert!(matches!(
+        e.expire_session_async("s").await,
+        Err(Error::SessionExpired)
+    ));
+}

@@ -84,10 +84,10 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub read_calls_max: u32,
-    /// Most threads for engine calls that block (opening sessions, resolves, catch-up reads,
-    /// aborts); further calls queue for a free thread. Appends, OpenStream and Complete wait
-    /// for their group commit without one. Bounds memory under a slow disk: each thread
-    /// costs a stack and an allocator heap.
+    /// Most threads for engine calls that block (resolves, session and outcome lookups,
+    /// catch-up reads, stats); further calls queue for a free thread. Writes wait for their
+    /// group commit without one. Bounds memory: each thread costs a stack and an allocator
+    /// heap.
     #[arg(
         long,
         env = "CURSORLOG_BLOCKING_THREADS",

@@ -150,8 +150,10 @@ impl CursorLog for CursorLogService {
         let session = convert::required_str("session", r.session)?;
         let state = r.state;
         let info = self
-            .blocking(move |e| e.open_session_with_state(&session, state))
-            .await?;
+            .engine
+            .open_session_with_state_async(&session, state)
+            .await
+            .map_err(|err| status::from_engine(&err))?;
         Ok(Response::new(pb::OpenSessionResponse {
             session: info.session,
             epoch: info.epoch,
@@ -195,8 +197,10 @@ impl CursorLog for CursorLogService {
         let r = request.into_inner();
         let session = convert::required_str("session", r.session)?;
         let state = r.state;
-        self.blocking(move |e| e.set_session_state(&session, state))
-            .await?;
+        self.engine
+            .set_session_state_async(&session, state)
+            .await
+            .map_err(|err| status::from_engine(&err))?;
         Ok(Response::new(pb::SetSessionStateResponse {}))
     }
 
@@ -205,7 +209,11 @@ impl CursorLog for CursorLogService {
         request: Request<pb::AdvanceEpochRequest>,
     ) -> Result<Response<pb::AdvanceEpochResponse>, Status> {
         let session = convert::required_str("session", request.into_inner().session)?;
-        let advanced = self.blocking(move |e| e.advance_epoch(&session)).await?;
+        let advanced = self
+            .engine
+            .advance_epoch_async(&session)
+            .await
+            .map_err(|err| status::from_engine(&err))?;
         Ok(Response::new(pb::AdvanceEpochResponse {
             epoch: advanced.epoch,
             superseded_streams: advanced.superseded,
@@ -217,7 +225,11 @@ impl CursorLog for CursorLogService {
         request: Request<pb::ExpireSessionRequest>,
     ) -> Result<Response<pb::ExpireSessionResponse>, Status> {
         let session = convert::required_str("session", request.into_inner().session)?;
-        let expired = self.blocking(move |e| e.expire_session(&session)).await?;
+        let expired = self
+            .engine
+            .expire_session_async(&session)
+            .await
+            .map_err(|err| status::from_engine(&err))?;
         Ok(Response::new(pb::ExpireSessionResponse {
             aborted_streams: expired.aborted,
         }))
@@ -349,8 +361,10 @@ impl CursorLog for CursorLogService {
         let reason = convert::required_str("reason", r.reason)?;
         let terminal = r.terminal.map(convert::new_event);
         let t = self
-            .blocking(move |e| e.abort(&session, stream, &reason, terminal))
-            .await?;
+            .engine
+            .abort_async(&session, stream, &reason, terminal)
+            .await
+            .map_err(|err| status::from_engine(&err))?;
         Ok(Response::new(convert::terminated(&t)))
     }
 

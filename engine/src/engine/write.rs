@@ -14,7 +14,7 @@ use crate::state::StreamState;
 use super::{unexpected, Engine};
 
 impl Engine {
-    fn check_id(&self, field: &'static str, v: &str) -> Result<()> {
+    pub(super) fn check_id(&self, field: &'static str, v: &str) -> Result<()> {
         if v.is_empty() {
             return Err(Error::invalid(field, "must not be empty"));
         }
@@ -70,15 +70,27 @@ impl Engine {
         session: &str,
         state: Option<Vec<u8>>,
     ) -> Result<SessionInfo> {
+        let cmd = self.open_session_command(session, state)?;
+        self.session_opened(session, self.submit(cmd)?)
+    }
+
+    pub(super) fn open_session_command(
+        &self,
+        session: &str,
+        state: Option<Vec<u8>>,
+    ) -> Result<Command> {
         self.check_id("session", session)?;
         if let Some(s) = &state {
             self.check_session_state(s)?;
         }
-        let cmd = Command::OpenSession {
+        Ok(Command::OpenSession {
             session: session.to_owned(),
             state,
-        };
-        match self.submit(cmd)? {
+        })
+    }
+
+    pub(super) fn session_opened(&self, session: &str, reply: Reply) -> Result<SessionInfo> {
+        match reply {
             Reply::Session(s) => {
                 self.touch(session);
                 Ok(s)
@@ -104,13 +116,25 @@ impl Engine {
     /// # Errors
     /// Unknown or expired session; [`Error::TooLarge`]; write failures.
     pub fn set_session_state(&self, session: &str, state: Vec<u8>) -> Result<()> {
+        let cmd = self.set_session_state_command(session, state)?;
+        self.session_state_set(session, self.submit(cmd)?)
+    }
+
+    pub(super) fn set_session_state_command(
+        &self,
+        session: &str,
+        state: Vec<u8>,
+    ) -> Result<Command> {
         self.check_id("session", session)?;
         self.check_session_state(&state)?;
-        let cmd = Command::SetSessionState {
+        Ok(Command::SetSessionState {
             session: session.to_owned(),
             state,
-        };
-        match self.submit(cmd)? {
+        })
+    }
+
+    pub(super) fn session_state_set(&self, session: &str, reply: Reply) -> Result<()> {
+        match reply {
             Reply::Done => {
                 self.touch(session);
                 Ok(())
@@ -159,7 +183,12 @@ impl Engine {
     /// Unknown or expired session; write failures.
     pub fn advance_epoch(&self, session: &str) -> Result<EpochAdvanced> {
         self.check_id("session", session)?;
-        match self.submit(Command::AdvanceEpoch(session.to_owned()))? {
+        let reply = self.submit(Command::AdvanceEpoch(session.to_owned()))?;
+        self.epoch_advanced(session, reply)
+    }
+
+    pub(super) fn epoch_advanced(&self, session: &str, reply: Reply) -> Result<EpochAdvanced> {
+        match reply {
             Reply::Epoch(e) => {
                 self.touch(session);
                 Ok(e)
@@ -175,14 +204,7 @@ impl Engine {
     /// Unknown or already expired session; write failures.
     pub fn expire_session(&self, session: &str) -> Result<SessionExpired> {
         self.check_id("session", session)?;
-        let cmd = Command::ExpireSession {
-            session: session.to_owned(),
-            idle_ms: None,
-        };
-        match self.submit(cmd)? {
-            Reply::Expired(e) => Ok(e),
-            other => Err(unexpected(&other)),
-        }
+        expired(self.submit(expire_command(session))?)
     }
 
     /// Opens a stream in the session's current epoch; returns its new, never reused id.
@@ -318,7 +340,7 @@ impl Engine {
         Ok(())
     }
 
-    fn terminate_command(
+    pub(super) fn terminate_command(
         &self,
         session: &str,
         stream: u64,
@@ -351,7 +373,11 @@ impl Engine {
         frame: Option<NewEvent>,
     ) -> Result<Terminated> {
         let cmd = self.terminate_command(session, stream, state, expected, reason, frame)?;
-        match self.submit(cmd)? {
+        self.terminated(session, self.submit(cmd)?)
+    }
+
+    pub(super) fn terminated(&self, session: &str, reply: Reply) -> Result<Terminated> {
+        match reply {
             Reply::Terminated(t) => {
                 self.touch(session);
                 Ok(t)
@@ -393,10 +419,21 @@ impl Engine {
         reason: &str,
         terminal: Option<NewEvent>,
     ) -> Result<Terminated> {
+        let cmd = self.abort_command(session, stream, reason, terminal)?;
+        self.terminated(session, self.submit(cmd)?)
+    }
+
+    pub(super) fn abort_command(
+        &self,
+        session: &str,
+        stream: u64,
+        reason: &str,
+        terminal: Option<NewEvent>,
+    ) -> Result<Command> {
         if reason.len() > self.config().id_bytes_max as usize * 4 {
             return Err(Error::invalid("reason", "is too long"));
         }
-        self.terminate(
+        self.terminate_command(
             session,
             stream,
             StreamState::Aborted,
@@ -519,5 +556,21 @@ impl Engine {
             });
         }
         out
+    }
+}
+
+/// The command that expires `session` by request (not for idleness).
+pub(super) fn expire_command(session: &str) -> Command {
+    Command::ExpireSession {
+        session: session.to_owned(),
+        idle_ms: None,
+    }
+}
+
+/// The answer to an expiry.
+pub(super) fn expired(reply: Reply) -> Result<SessionExpired> {
+    match reply {
+        Reply::Expired(e) => Ok(e),
+        other => Err(unexpected(&other)),
     }
 }
