@@ -268,14 +268,43 @@ async fn the_async_session_calls_answer_as_the_blocking_ones() {
     assert_eq!((advanced.epoch, advanced.superseded), (2, vec![first]));
 
     let open = e
-        .open_stream(OpenStream {
+        .open_stream_async(OpenStream {
             session: "s".into(),
             epoch: 2,
             correlation: Some("r2".into()),
             lease_ms: None,
         })
+        .await
         .unwrap()
         .stream;
+    assert!(matches!(
+        e.open_stream_async(OpenStream {
+            session: "s".into(),
+            epoch: 1,
+            correlation: None,
+            lease_ms: None,
+        })
+        .await,
+        Err(Error::StaleEpoch { .. })
+    ));
+    let done = e
+        .open_stream_async(OpenStream {
+            session: "s".into(),
+            epoch: 2,
+            correlation: None,
+            lease_ms: None,
+        })
+        .await
+        .unwrap()
+        .stream;
+    let frame = NewEvent::new("result", b"ok".to_vec());
+    let t = e
+        .complete_async("s", done, Some(1), frame.clone())
+        .await
+        .unwrap();
+    assert!(!t.duplicate && t.state == StreamState::Completed);
+    let retried = e.complete_async("s", done, Some(1), frame).await.unwrap();
+    assert!(retried.duplicate && retried.terminal_seq == t.terminal_seq);
     let aborted = e
         .abort_async("s", open, "producer gone", None)
         .await

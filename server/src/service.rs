@@ -67,29 +67,6 @@ impl CursorLogService {
     {
         run_blocking(&self.engine, f).await
     }
-
-    /// One durable write awaited by the task, not by a blocking-pool thread: a call that
-    /// waits for a group commit (an fdatasync) must not hold a thread, or a slow disk turns
-    /// every in-flight `OpenStream`/`Complete` into one more thread (and its memory).
-    async fn write_one(&self, item: engine::BatchWrite) -> Result<engine::BatchWritten, Status> {
-        match self.engine.write_batch_async(vec![item]).await.pop() {
-            Some(written) => written.map_err(|err| status::from_engine(&err)),
-            None => Err(Status::internal(
-                "internal: the engine answered no result for one write",
-            )),
-        }
-    }
-}
-
-/// The status for an engine answer of the wrong kind (a bug, never the caller's fault).
-fn unexpected_answer(call: &str, answer: &engine::BatchWritten) -> Status {
-    tracing::error!(
-        ?answer,
-        "{call}: the engine answered with the wrong kind of result"
-    );
-    Status::internal(format!(
-        "internal: {call} got the wrong kind of answer from the engine; the server log has it"
-    ))
 }
 
 pub(crate) async fn run_blocking<T, F>(engine: &Engine, f: F) -> Result<T, Status>
@@ -251,10 +228,11 @@ impl CursorLog for CursorLogService {
             correlation: r.correlation,
             lease_ms: r.lease_ms,
         };
-        let info = match self.write_one(engine::BatchWrite::Open(req)).await? {
-            engine::BatchWritten::Opened(info) => info,
-            other => return Err(unexpected_answer("OpenStream", &other)),
-        };
+        let info = self
+            .engine
+            .open_stream_async(req)
+            .await
+            .map_err(|err| status::from_engine(&err))?;
         Ok(Response::new(pb::OpenStreamResponse {
             stream: info.stream,
             epoch: info.epoch,
@@ -338,16 +316,11 @@ impl CursorLog for CursorLogService {
             .terminal
             .map(convert::new_event)
             .ok_or_else(|| Status::invalid_argument("terminal is required: the terminal frame"))?;
-        let complete = engine::BatchWrite::Complete {
-            session,
-            stream,
-            expected_next_seq: r.expected_next_seq,
-            terminal,
-        };
-        let t = match self.write_one(complete).await? {
-            engine::BatchWritten::Completed(t) => t,
-            other => return Err(unexpected_answer("Complete", &other)),
-        };
+        let t = self
+            .engine
+            .complete_async(&session, stream, r.expected_next_seq, terminal)
+            .await
+            .map_err(|err| status::from_engine(&err))?;
         Ok(Response::new(convert::terminated(&t)))
     }
 

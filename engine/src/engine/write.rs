@@ -225,7 +225,7 @@ impl Engine {
         }
     }
 
-    fn check_open_stream(&self, req: &OpenStream) -> Result<()> {
+    pub(super) fn check_open_stream(&self, req: &OpenStream) -> Result<()> {
         self.check_id("session", &req.session)?;
         if let Some(c) = &req.correlation {
             self.check_id("correlation", c)?;
@@ -240,7 +240,7 @@ impl Engine {
     }
 
     /// What opening a stream starts: its producer lease, and the session's idle TTL anew.
-    fn opened(&self, session: &str, s: &StreamInfo, lease_ms: Option<u64>) {
+    pub(super) fn opened(&self, session: &str, s: &StreamInfo, lease_ms: Option<u64>) {
         let shared = &self.inner.shared;
         if let Some(ms) = lease_ms {
             shared.leases.arm(s.stream, ms, shared.now_ms());
