@@ -14,12 +14,17 @@
 //! Redis: `redis-server --appendonly yes --appendfsync always` on a temporary directory.
 //! With `--ceiling`, a third side runs rmcp with no store at all: the most any store could
 //! reach on this machine, since the front-end and its clients share the cores with it.
+//! With `--memory-side`, another runs rmcp's event-store path with an in-memory store that
+//! answers at once: the most any event store (durable or not) could reach. With
+//! `--ideal-durable-side`, the same store waits for a real group-committed `fdatasync` per
+//! event on the same disk: the most any durable store could reach.
 //!
 //! ```sh
 //! cargo build --release -p cursorlog-server
 //! cargo bench -p cursorlog-rmcp --bench rmcp_load -- --calls 200 --events 20 --rounds 7
 //! ```
 
+mod memory_store;
 mod redis_store;
 
 use std::net::SocketAddr;
@@ -68,6 +73,16 @@ struct Args {
     /// nothing durable). Its throughput is the ceiling any store can reach on this machine.
     #[arg(long)]
     ceiling: bool,
+    /// Also run a side with an in-memory event store (rmcp's event-store path, priming
+    /// events included, with a store that costs nothing beyond serialising the message): the
+    /// most any event store, durable or not, could reach on this machine.
+    #[arg(long)]
+    memory_side: bool,
+    /// Also run the in-memory store with every event waiting for a real group-committed
+    /// `fdatasync` on the same disk (an ideal durable store: the disk's latency, no server,
+    /// no network): the most any durable event store could reach on this machine.
+    #[arg(long)]
+    ideal_durable_side: bool,
     /// Also run the cursorlog adapter with `BatchConfig::open_in_batch` off (one unary
     /// `OpenStream` per tool call, as before the `open` batch item), to measure that lever in
     /// the same run.
@@ -408,6 +423,24 @@ async fn main() {
         let u_url = serve(axum::Router::new().nest_service("/mcp", u_service)).await;
         urls.push(("cursorlog-unary-open", u_url));
     }
+    if args.memory_side {
+        let manager = LocalSessionManager::default()
+            .with_event_store(Arc::new(memory_store::MemoryEventStore::default()));
+        let service =
+            StreamableHttpService::new(|| Ok(Burst), Arc::new(manager), http_config(None));
+        let url = serve(axum::Router::new().nest_service("/mcp", service)).await;
+        urls.push(("memory", url));
+    }
+    if args.ideal_durable_side {
+        let sync = memory_store::GroupSync::start(&dir.path().join("group-sync"))
+            .expect("start the group-sync thread");
+        let manager = LocalSessionManager::default()
+            .with_event_store(Arc::new(memory_store::MemoryEventStore::with_sync(sync)));
+        let service =
+            StreamableHttpService::new(|| Ok(Burst), Arc::new(manager), http_config(None));
+        let url = serve(axum::Router::new().nest_service("/mcp", service)).await;
+        urls.push(("ideal-durable", url));
+    }
     if args.ceiling {
         let m_service = StreamableHttpService::new(
             || Ok(Burst),
@@ -501,10 +534,11 @@ async fn main() {
         if side.name == "redis" {
             continue;
         }
-        let note = if side.name == "no-store" {
-            " (the most any store could gain here)"
-        } else {
-            ""
+        let note = match side.name {
+            "no-store" => " (rmcp with no event store at all)",
+            "memory" => " (the most any event store could reach here)",
+            "ideal-durable" => " (the most any durable event store could reach here)",
+            _ => "",
         };
         println!(
             "{} / redis: throughput {:.2}x, p99 {:.2}x{note}",
