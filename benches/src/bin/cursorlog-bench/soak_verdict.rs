@@ -180,6 +180,16 @@ impl Verdict {
                 cell(self.fsync_p99_ms[2])
             );
         }
+        if let Some(ratio) = self.p99_over_disk() {
+            let cell = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
+            println!(
+                "{:<18} {:>12} {:>12} {:>12}  (append p99 in units of the disk's; not judged)",
+                "p99 / fsync p99",
+                cell(ratio[0]),
+                cell(ratio[1]),
+                cell(ratio[2])
+            );
+        }
         if self.passed() {
             println!("verdict: FLAT");
         } else {
@@ -188,6 +198,24 @@ impl Verdict {
                 println!("  - {p}");
             }
         }
+    }
+
+    /// The append p99 of each third divided by the disk's `fdatasync` p99 of the same third
+    /// (`None`: no probe): when the append p99 moves with the machine's disk, this stays
+    /// level; when the server itself slows down, it rises. Reported, not judged.
+    pub fn p99_over_disk(&self) -> Option<[Option<f64>; 3]> {
+        let append = self.rows.iter().find(|r| r.name == "append p99 ms")?;
+        if self.fsync_p99_ms.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut ratio = [None; 3];
+        for (i, r) in ratio.iter_mut().enumerate() {
+            *r = match (append.means[i], self.fsync_p99_ms[i]) {
+                (Some(a), Some(d)) if d > 0.0 => Some(a / d),
+                _ => None,
+            };
+        }
+        Some(ratio)
     }
 
     /// The same as JSON.
@@ -212,6 +240,7 @@ impl Verdict {
             "rows": rows,
             "problems": self.problems,
             "fsync_probe_p99_ms": self.fsync_p99_ms,
+            "append_p99_over_fsync_p99": self.p99_over_disk(),
         })
     }
 }
@@ -514,6 +543,39 @@ mod tests {
             .problems
             .iter()
             .any(|p| p.contains("the last third has no sample")));
+    }
+
+    #[test]
+    fn a_p99_that_falls_with_the_disk_still_fails_but_its_ratio_to_the_disk_stays_level() {
+        // The disk's own fdatasync p99 halves over the run and the append p99 with it.
+        let samples: Vec<Sample> = (1u32..=8)
+            .map(|k| {
+                let disk_us = if k <= 4 { 1000 } else { 500 };
+                let mut s = sample(5.0 * f64::from(k), 100, 600, 4 * disk_us);
+                let mut probe = histogram();
+                probe.record_n(disk_us, 100).expect("in range");
+                s.fsync_hist = Some(probe);
+                s
+            })
+            .collect();
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
+        assert!(
+            v.problems.iter().any(|p| p.starts_with("append p99")),
+            "the band is two-sided: {:?}",
+            v.problems
+        );
+        let ratio = v.p99_over_disk().expect("a probe ran");
+        let (first, last) = (ratio[0].expect("first"), ratio[2].expect("last"));
+        assert!(
+            (first - 4.0).abs() < 0.1 && (last - 4.0).abs() < 0.1,
+            "{ratio:?}"
+        );
+        // Without a probe there is no ratio.
+        let bare: Vec<Sample> = (1u32..=8)
+            .map(|k| sample(5.0 * f64::from(k), 100, 600, 4000))
+            .collect();
+        let v = judge(&bare, &phases(&bare), &Sample::default(), TEN);
+        assert!(v.p99_over_disk().is_none());
     }
 
     #[test]
