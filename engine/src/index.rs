@@ -9,21 +9,23 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use crate::codec;
 use crate::error::{Error, IndexError, Result};
 use crate::log::Position;
-use crate::record::{
-    decode_session, decode_stream, encode_session, encode_stream, wire_codec, EventBody,
-};
+use crate::record::EventBody;
 use crate::state::{SessionMeta, StateView, StreamMeta};
 
 mod chunk;
 mod flush;
 mod idhash;
+mod keys;
 mod layer;
+mod stored;
 mod txn;
 
 pub(crate) use idhash::IdHashing;
+pub(crate) use keys::*;
+use stored::{decode_value, encode_value};
+pub(crate) use stored::{StoreResult, StoredSession, StoredStream};
 pub(crate) use txn::{StreamCache, Txn};
 
 use chunk::{
@@ -33,19 +35,6 @@ use chunk::{
 use flush::raise_head;
 use layer::{split_stream_key, FlatRuns, Layer, Overlay};
 
-/// Key prefixes. One byte each; see FORMAT.md "Index key schema".
-pub(crate) mod prefix {
-    pub const SESSION: u8 = b'N';
-    pub const STREAM: u8 = b'S';
-    pub const EVENT: u8 = b'E';
-    pub const TERMINAL_FRAME: u8 = b'F';
-    pub const OUTCOME: u8 = b'O';
-    pub const OPEN_STREAM: u8 = b'L';
-    pub const ORIGIN: u8 = b'R';
-    pub const SESSION_STATE: u8 = b'G';
-    pub const ENDED: u8 = b'T';
-}
-
 const APPLIED_LSN: &[u8] = b"Mapplied_lsn";
 const COUNTS: &[u8] = b"Mcounts";
 const INDEX_VERSION: &[u8] = b"Mindex_version";
@@ -53,167 +42,6 @@ const INDEX_VERSION: &[u8] = b"Mindex_version";
 /// 1: one `E` key per run start. 2: run starts grouped in `E` chunks (see FORMAT.md).
 /// 3: format 2's frame offsets; `G` session states; `T` ended keys; `M` counts.
 const INDEX_VERSION_VALUE: u32 = 3;
-
-/// A session with the LSN of the record its state was last carried from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoredSession {
-    pub meta: SessionMeta,
-    pub origin_lsn: u64,
-}
-
-wire_codec!(
-    StoredSession,
-    |s, e| {
-        encode_session(&s.meta, e)?;
-        s.origin_lsn.encode(e)
-    },
-    |d| Ok(StoredSession {
-        meta: decode_session(d)?,
-        origin_lsn: u64::decode(d)?,
-    })
-);
-
-/// A stream with the LSN of the record its state was last carried from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoredStream {
-    pub meta: StreamMeta,
-    pub origin_lsn: u64,
-}
-
-wire_codec!(
-    StoredStream,
-    |s, e| {
-        encode_stream(&s.meta, e)?;
-        s.origin_lsn.encode(e)
-    },
-    |d| Ok(StoredStream {
-        meta: decode_stream(d)?,
-        origin_lsn: u64::decode(d)?,
-    })
-);
-
-pub(crate) fn session_key(id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + id.len());
-    k.push(prefix::SESSION);
-    k.extend_from_slice(id.as_bytes());
-    k
-}
-
-pub(crate) fn session_state_key(id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + id.len());
-    k.push(prefix::SESSION_STATE);
-    k.extend_from_slice(id.as_bytes());
-    k
-}
-
-pub(crate) fn stream_key(id: u64) -> [u8; 9] {
-    let mut k = [prefix::STREAM; 9];
-    k[1..].copy_from_slice(&id.to_be_bytes());
-    k
-}
-
-pub(crate) fn event_key(stream: u64, seq: u64) -> [u8; 17] {
-    let mut k = [prefix::EVENT; 17];
-    k[1..9].copy_from_slice(&stream.to_be_bytes());
-    k[9..].copy_from_slice(&seq.to_be_bytes());
-    k
-}
-
-pub(crate) fn terminal_frame_key(stream: u64) -> [u8; 9] {
-    let mut k = [prefix::TERMINAL_FRAME; 9];
-    k[1..].copy_from_slice(&stream.to_be_bytes());
-    k
-}
-
-/// Prefix + u16 BE length + session: unambiguous for any session id.
-fn session_scoped(prefix: u8, session: &str) -> Vec<u8> {
-    let len = u16::try_from(session.len()).unwrap_or(u16::MAX);
-    let mut k = Vec::with_capacity(3 + session.len() + 16);
-    k.push(prefix);
-    k.extend_from_slice(&len.to_be_bytes());
-    k.extend_from_slice(session.as_bytes());
-    k
-}
-
-pub(crate) fn outcome_key(session: &str, correlation: &str) -> Vec<u8> {
-    let mut k = session_scoped(prefix::OUTCOME, session);
-    k.extend_from_slice(correlation.as_bytes());
-    k
-}
-
-pub(crate) fn open_stream_prefix(session: &str) -> Vec<u8> {
-    session_scoped(prefix::OPEN_STREAM, session)
-}
-
-pub(crate) fn open_stream_key(session: &str, stream: u64) -> Vec<u8> {
-    let mut k = open_stream_prefix(session);
-    k.extend_from_slice(&stream.to_be_bytes());
-    k
-}
-
-/// Origin marker kinds.
-pub(crate) const ORIGIN_SESSION: u8 = b'N';
-pub(crate) const ORIGIN_STREAM: u8 = b'S';
-
-pub(crate) fn origin_key(lsn: u64, kind: u8, id: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(10 + id.len());
-    k.push(prefix::ORIGIN);
-    k.extend_from_slice(&lsn.to_be_bytes());
-    k.push(kind);
-    k.extend_from_slice(id);
-    k
-}
-
-/// A time-ordered key of a session that expired or a stream that ended at `ended_ms`: the
-/// forget pass finds everything past the metadata horizon by one range scan.
-pub(crate) fn ended_key(ended_ms: u64, kind: u8, id: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(10 + id.len());
-    k.push(prefix::ENDED);
-    k.extend_from_slice(&ended_ms.to_be_bytes());
-    k.push(kind);
-    k.extend_from_slice(id);
-    k
-}
-
-/// Splits an ended key into (time, kind, id).
-pub(crate) fn parse_ended_key(k: &[u8]) -> Option<(u64, u8, &[u8])> {
-    parse_origin_key(k)
-}
-
-/// Splits an origin key into (lsn, kind, id).
-pub(crate) fn parse_origin_key(k: &[u8]) -> Option<(u64, u8, &[u8])> {
-    let lsn = u64::from_be_bytes(k.get(1..9)?.try_into().ok()?);
-    Some((lsn, *k.get(9)?, k.get(10..)?))
-}
-
-fn decode_value<T: bincode::Decode<()>>(key: &[u8], v: &[u8]) -> Result<T> {
-    codec::decode(v).map_err(|e| {
-        Error::Index(IndexError::msg(format!(
-            "undecodable index value under key prefix {:?}: {e}; delete the index directory to rebuild it",
-            key.first().map(|b| char::from(*b))
-        )))
-    })
-}
-
-/// The index store's errors, as the engine's.
-pub(crate) trait StoreResult<T> {
-    /// Converts a sled error into [`Error::Index`].
-    fn store(self) -> Result<T>;
-}
-
-impl<T> StoreResult<T> for std::result::Result<T, sled::Error> {
-    fn store(self) -> Result<T> {
-        self.map_err(|e| Error::Index(IndexError::wrap(e)))
-    }
-}
-
-fn encode_value<T: bincode::Encode>(v: &T) -> Vec<u8> {
-    // Index values are small: one allocation instead of a few regrowths.
-    let mut out = Vec::with_capacity(128);
-    // Encoding index values into a Vec cannot fail: they are bounded, plain structs.
-    let _ = codec::encode_into(v, &mut out);
-    out
-}
 
 /// Typed reads shared by the index and the writer's overlay.
 pub(crate) trait KvRead {
