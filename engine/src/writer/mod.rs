@@ -15,6 +15,7 @@ use crate::mailbox::{Command, Inbox, Reply, ReplyTo, Request};
 use crate::record::{encode_frame, Record};
 use crate::shared::Shared;
 
+mod carry;
 mod gather;
 mod plan;
 
