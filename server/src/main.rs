@@ -211,13 +211,18 @@ mod tests {
             "--log-format",
             "json",
             "--blocking-threads",
-            "8",
+            "3",
         ])
         .unwrap();
         assert_eq!(cli.serve.fault_fail_fsync_after, Some(3));
         assert_eq!(cli.serve.read_calls_max, 7);
         assert_eq!(cli.serve.log_format, LogFormat::Json);
-        assert_eq!(cli.serve.blocking_threads, 8);
+        assert_eq!(cli.serve.blocking_threads, 3);
+        let defaults = parse_cli_from(["cursorlog"]).unwrap();
+        assert_eq!(
+            defaults.serve.blocking_threads, 8,
+            "a pool that never shrinks under steady traffic: keep it small by default"
+        );
         assert!(parse_cli_from(["cursorlog", "--blocking-threads", "0"]).is_err());
         assert!(parse_cli_from(["cursorlog", "--read-calls-max", "0"]).is_err());
         assert!(parse_cli_from(["cursorlog", "--fault-fail-fsync-after", "0"]).is_err());
