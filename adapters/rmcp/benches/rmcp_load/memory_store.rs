@@ -42,7 +42,8 @@ impl MemoryEventStore {
 }
 
 /// Events waiting for the next sync.
-type Waiting = Arc<(Mutex<Vec<oneshot::Sender<()>>>, Condvar)>;
+/// Callers waiting for the next `fdatasync`, each told its outcome (an error as its text).
+type Waiting = Arc<(Mutex<Vec<oneshot::Sender<Result<(), String>>>>, Condvar)>;
 
 /// A group-commit thread over one file: the waiters queued while it syncs go in the next sync.
 #[derive(Clone)]
@@ -82,20 +83,24 @@ impl GroupSync {
                     if offset + bytes.len() as u64 > FILE_BYTES {
                         offset = 0;
                     }
-                    file.write_all_at(&bytes, offset)
+                    // A failed write or sync fails its waiters (never acknowledged as synced)
+                    // and the thread goes on, so later calls fail too rather than hang.
+                    let outcome = file
+                        .write_all_at(&bytes, offset)
                         .and_then(|()| file.sync_data())
-                        .expect("group-sync: the bench's own file on the temp dir is writable");
+                        .map_err(|e| format!("group-sync of the ideal store's file failed: {e}"));
                     offset += bytes.len() as u64;
                     for waiter in batch {
-                        let _ = waiter.send(());
+                        let _ = waiter.send(outcome.clone());
                     }
                 }
             })?;
         Ok(Self { waiting })
     }
 
-    /// Waits until an `fdatasync` that began after this call has finished.
-    async fn synced(&self) {
+    /// Waits until an `fdatasync` that began after this call has finished; its error if it
+    /// failed.
+    async fn synced(&self) -> std::io::Result<()> {
         let (tx, rx) = oneshot::channel();
         {
             let (lock, ready) = &*self.waiting;
@@ -104,7 +109,10 @@ impl GroupSync {
                 .push(tx);
             ready.notify_one();
         }
-        let _ = rx.await;
+        match rx.await {
+            Ok(outcome) => outcome.map_err(std::io::Error::other),
+            Err(_) => Err(std::io::Error::other("the group-sync thread is gone")),
+        }
     }
 }
 
@@ -129,7 +137,7 @@ impl EventStore for MemoryEventStore {
             format!("{stream_id}/{}", events.len() - 1)
         };
         if let Some(sync) = &self.sync {
-            sync.synced().await;
+            sync.synced().await?;
         }
         Ok(id)
     }
@@ -153,7 +161,7 @@ impl EventStore for MemoryEventStore {
             .unwrap_or_default()
             .iter()
             .enumerate()
-            .skip(index + 1)
+            .skip(index.saturating_add(1))
         {
             if data.is_empty() {
                 continue;
