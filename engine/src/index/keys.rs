@@ -77,33 +77,40 @@ pub(crate) fn open_stream_key(session: &str, stream: u64) -> Vec<u8> {
 pub(crate) const ORIGIN_SESSION: u8 = b'N';
 pub(crate) const ORIGIN_STREAM: u8 = b'S';
 
+/// What an origin or ended key names: a session or a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Marked<'a> {
+    Session(&'a str),
+    Stream(u64),
+}
+
 pub(crate) fn origin_key(lsn: u64, kind: u8, id: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(10 + id.len());
-    k.push(prefix::ORIGIN);
-    k.extend_from_slice(&lsn.to_be_bytes());
-    k.push(kind);
-    k.extend_from_slice(id);
-    k
+    marker_key(prefix::ORIGIN, lsn, kind, id)
 }
 
 /// A time-ordered key of a session that expired or a stream that ended at `ended_ms`: the
 /// forget pass finds everything past the metadata horizon by one range scan.
 pub(crate) fn ended_key(ended_ms: u64, kind: u8, id: &[u8]) -> Vec<u8> {
+    marker_key(prefix::ENDED, ended_ms, kind, id)
+}
+
+/// Prefix + u64 BE (an LSN or a time, so a range scan finds the oldest first) + kind + id.
+fn marker_key(prefix: u8, at: u64, kind: u8, id: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(10 + id.len());
-    k.push(prefix::ENDED);
-    k.extend_from_slice(&ended_ms.to_be_bytes());
+    k.push(prefix);
+    k.extend_from_slice(&at.to_be_bytes());
     k.push(kind);
     k.extend_from_slice(id);
     k
 }
 
-/// Splits an ended key into (time, kind, id).
-pub(crate) fn parse_ended_key(k: &[u8]) -> Option<(u64, u8, &[u8])> {
-    parse_origin_key(k)
-}
-
-/// Splits an origin key into (lsn, kind, id).
-pub(crate) fn parse_origin_key(k: &[u8]) -> Option<(u64, u8, &[u8])> {
-    let lsn = u64::from_be_bytes(k.get(1..9)?.try_into().ok()?);
-    Some((lsn, *k.get(9)?, k.get(10..)?))
+/// What an origin or ended key names; `None` for a key of another shape, an unknown kind or an
+/// id that does not decode (such keys are skipped, never acted on).
+pub(crate) fn parse_marker_key(k: &[u8]) -> Option<Marked<'_>> {
+    let id = k.get(10..)?;
+    match *k.get(9)? {
+        ORIGIN_SESSION => std::str::from_utf8(id).ok().map(Marked::Session),
+        ORIGIN_STREAM => Some(Marked::Stream(u64::from_be_bytes(id.try_into().ok()?))),
+        _ => None,
+    }
 }

@@ -302,3 +302,35 @@ const GOLDEN_INDEX: [(&str, &str, &str); 12] = [
     ("M", "4d6170706c6965645f6c736e", "2a00000000000000"),
     ("M", "4d696e6465785f76657273696f6e", "03000000"),
 ];
+
+#[test]
+fn marker_keys_name_what_they_were_built_for_and_nothing_else() {
+    let stream = 7u64.to_be_bytes();
+    for key in [
+        origin_key(6, ORIGIN_STREAM, &stream),
+        ended_key(5, ORIGIN_STREAM, &stream),
+    ] {
+        assert_eq!(parse_marker_key(&key), Some(Marked::Stream(7)));
+    }
+    for key in [
+        origin_key(6, ORIGIN_SESSION, b"s-1"),
+        ended_key(5, ORIGIN_SESSION, b"s-1"),
+    ] {
+        assert_eq!(parse_marker_key(&key), Some(Marked::Session("s-1")));
+    }
+    // Skipped, never acted on: an unknown kind, a short stream id, a non-UTF-8 session id,
+    // a key cut before its kind.
+    assert_eq!(parse_marker_key(&origin_key(6, b'X', &stream)), None);
+    assert_eq!(
+        parse_marker_key(&origin_key(6, ORIGIN_STREAM, &[1, 2])),
+        None
+    );
+    assert_eq!(
+        parse_marker_key(&ended_key(5, ORIGIN_SESSION, &[0xff])),
+        None
+    );
+    assert_eq!(
+        parse_marker_key(&origin_key(6, ORIGIN_STREAM, &stream)[..9]),
+        None
+    );
+}

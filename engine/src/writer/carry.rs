@@ -4,10 +4,7 @@
 
 use super::Writer;
 use crate::error::Result;
-use crate::index::{
-    ended_key, origin_key, parse_ended_key, parse_origin_key, KvRead, Txn, ORIGIN_SESSION,
-    ORIGIN_STREAM,
-};
+use crate::index::{ended_key, origin_key, parse_marker_key, KvRead, Marked, Txn};
 use crate::record::{Record, SessionStateBody, StreamSnapshot};
 use crate::verdict::past_horizon;
 
@@ -32,14 +29,11 @@ impl Writer {
         )?;
         let mut done = 0;
         for key in keys {
-            let Some((_, kind, id)) = parse_origin_key(&key) else {
+            let Some(marked) = parse_marker_key(&key) else {
                 continue;
             };
-            let records = match kind {
-                ORIGIN_SESSION => {
-                    let Some(id) = std::str::from_utf8(id).ok() else {
-                        continue;
-                    };
+            let records = match marked {
+                Marked::Session(id) => {
                     let Some(s) = txn.stored_session(id)? else {
                         continue;
                     };
@@ -61,10 +55,7 @@ impl Writer {
                         r
                     }
                 }
-                ORIGIN_STREAM => {
-                    let Some(id) = id.try_into().ok().map(u64::from_be_bytes) else {
-                        continue;
-                    };
+                Marked::Stream(id) => {
                     let Some(s) = txn.stored_stream(id)? else {
                         continue;
                     };
@@ -84,7 +75,6 @@ impl Writer {
                         })]
                     }
                 }
-                _ => continue,
             };
             self.emit(records, txn, buf)?;
             done += 1;
@@ -113,22 +103,13 @@ impl Writer {
         )?;
         let mut done = 0;
         for key in keys {
-            let Some((_, kind, id)) = parse_ended_key(&key) else {
-                continue;
-            };
-            let record = match kind {
-                ORIGIN_SESSION => match std::str::from_utf8(id) {
-                    Ok(session) => Record::SessionForgotten {
-                        session: session.to_owned(),
-                        at_ms: now,
-                    },
-                    Err(_) => continue,
+            let record = match parse_marker_key(&key) {
+                Some(Marked::Session(session)) => Record::SessionForgotten {
+                    session: session.to_owned(),
+                    at_ms: now,
                 },
-                ORIGIN_STREAM => match id.try_into().ok().map(u64::from_be_bytes) {
-                    Some(stream) => Record::StreamForgotten { stream, at_ms: now },
-                    None => continue,
-                },
-                _ => continue,
+                Some(Marked::Stream(stream)) => Record::StreamForgotten { stream, at_ms: now },
+                None => continue,
             };
             self.emit(vec![record], txn, buf)?;
             done += 1;
