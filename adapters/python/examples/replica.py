@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 from typing import Any
@@ -24,7 +25,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 
-from cursorlog_mcp import CursorlogEventStore, CursorlogMiddleware
+from cursorlog_mcp import CursorlogEventStore, CursorlogMiddleware, client_session_id
 
 
 class StaticTokens:
@@ -68,6 +69,13 @@ def build_server(replica: str, exec_log: str | None, tokens: dict[str, str] | No
         """Sends a tools/list_changed notification on the session's standalone (GET) stream."""
         await ctx.request_context.session.send_tool_list_changed()
         return f"announced by {replica}"
+
+    @mcp.tool()
+    async def session_ids(ctx: Context) -> str:
+        """The session's ids as a tool sees them: the client's (the same on every replica) and
+        the one this replica's SDK uses for its in-process copy (its request headers)."""
+        headers = ctx.headers or {}
+        return json.dumps({"client": client_session_id(), "sdk": headers.get("mcp-session-id")})
 
     @mcp.tool()
     async def whoami() -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "EvictedMode",
     "SessionBindingError",
     "SessionState",
+    "client_session_id",
 ]
 
 # Imported lazily so that `python -m cursorlog_mcp.codegen` works before the stubs exist.
@@ -39,10 +40,12 @@ _WHERE = {
     "CursorlogMiddleware": "middleware",
     "EvictedMode": "resume",
     "SessionState": "record",
+    "client_session_id": "binding",
 }
 
 if TYPE_CHECKING:
     from .batcher import AppendBatcher
+    from .binding import client_session_id
     from .client import CursorlogClient
     from .errors import PRODUCER_ABORTED, RESUME_DISCONTINUITY, CursorlogError, CursorlogMcpError, SessionBindingError
     from .middleware import CursorlogMiddleware

@@ -59,6 +59,19 @@ def current_binding(call: str) -> Binding:
     return binding
 
 
+def client_session_id() -> str | None:
+    """The client-facing ``Mcp-Session-Id`` of the MCP session being served, or None outside
+    one (no ``CursorlogMiddleware`` binding).
+
+    Call it from a tool or any handler. The SDK's own view of the session id (its
+    ``Context.headers["mcp-session-id"]``) is the id this replica's SDK minted for its
+    in-process copy, which the middleware swaps in; this is the id the client sent, the same on
+    every replica and the one cursorlog keys the session by.
+    """
+    binding = _BINDING.get()
+    return binding.session if binding is not None else None
+
+
 def bind(binding: Binding) -> contextvars.Token[Binding | None]:
     """Sets the binding for the running task (and every task it creates from now on)."""
     return _BINDING.set(binding)

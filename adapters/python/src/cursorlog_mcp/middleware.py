@@ -13,7 +13,8 @@ It touches no private SDK hook. What it does, per HTTP request:
   app itself, with the request's own headers, so the SDK's auth, DNS-rebinding protection,
   session limit and owner check all apply unchanged;
 * checks with cursorlog that the session is still alive (deleted through another replica, or
-  expired) and expires it in cursorlog when the client deletes it;
+  expired) and expires it in cursorlog when the client deletes it; an id cursorlog does not
+  know (a replica's own SDK id included) is answered 404 here and never reaches the SDK;
 * turns a plain GET into a follow of the session's standalone stream in cursorlog, so server
   notifications produced on any replica reach the client's GET stream.
 """
@@ -156,8 +157,9 @@ class CursorlogMiddleware:
         return self._manager
 
     def local_session_id(self, session: str) -> str | None:
-        """The SDK's own id of a session this process serves (what its tools see as
-        ``ctx.session_id``), or None."""
+        """The SDK's own id of a session this process serves (what its tools see in
+        ``ctx.headers["mcp-session-id"]``), or None. The reverse, in a tool:
+        ``cursorlog_mcp.client_session_id()``."""
         local = self._local.get(session)
         return local.local_id if local is not None else None
 
@@ -255,7 +257,11 @@ class CursorlogMiddleware:
             if state is None:
                 if local is not None:
                     await self._drop(session, "the session ended in cursorlog (deleted elsewhere or expired)")
-                await self.app(scope, receive, send)  # not an SDK session id here: the SDK answers 404
+                # Not a session, answered here: the SDK must not see the id, which may be one it
+                # holds (a replica's own id for its copy, presented from outside); it would serve
+                # that request with no binding (a 500 from the priming event, or an unbound call).
+                logger.info("rejected a request for unknown or expired session %s", session[:64])
+                await _respond(send, _not_found())
                 return
         if local is None:
             assert state is not None
