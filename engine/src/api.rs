@@ -292,4 +292,14 @@ pub struct Stats {
     pub followed_streams: u64,
     /// Bytes of requests in the writer's queue (and its current group).
     pub writer_queue_bytes: u64,
+    /// The cap on live sessions (`Config::live_sessions_max`).
+    pub live_sessions_max: u64,
+    /// New sessions refused because `live_sessions_max` were live, since open.
+    pub sessions_refused_at_capacity: u64,
+    /// Open streams holding a producer lease.
+    pub leased_streams: u64,
+    /// The cap on them (`Config::leased_streams_max`).
+    pub leased_streams_max: u64,
+    /// Leased streams refused because `leased_streams_max` were open, since open.
+    pub leases_refused_at_capacity: u64,
 }

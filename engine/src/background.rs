@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::duration_ms;
 use crate::error::{Error, Result};
-use crate::mailbox::{submit, Command, Mailbox};
+use crate::mailbox::{send, submit, wait, Command, Mailbox, Reply};
 use crate::shared::Shared;
 use crate::state::StreamState;
 
@@ -22,7 +22,8 @@ use crate::state::StreamState;
 const INDEX_FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// How often leases and free space are checked.
 const TICK: Duration = Duration::from_millis(50);
-/// Most idle sessions expired per round (the rest wait for the next round).
+/// Most idle sessions expired per round (the rest wait for the next round, which comes at
+/// the next tick when this one was full).
 const IDLE_PER_ROUND: usize = 1024;
 
 /// Aborts every stream whose producer lease ran out; returns how many.
@@ -51,26 +52,59 @@ pub(crate) fn expire_leases(shared: &Shared, tx: &Mailbox) -> usize {
 }
 
 /// Expires the sessions no call named for the idle TTL (a follower pins its session);
-/// returns how many.
+/// returns how many. One round takes at most [`IDLE_PER_ROUND`] of them.
 pub(crate) fn expire_idle_sessions(shared: &Shared, tx: &Mailbox) -> usize {
+    let found = scan_idle_sessions(shared);
+    commit_idle_expiries(shared, tx, found)
+}
+
+/// The sessions idle for the TTL now and not pinned by a follower, at most
+/// [`IDLE_PER_ROUND`], with the expiry command of each. Pinned sessions are passed over
+/// before the batch is cut, so they cannot crowd the others out however many there are.
+pub(crate) fn scan_idle_sessions(shared: &Shared) -> Vec<Command> {
     let Some(ttl) = shared.config.session_idle_ttl else {
-        return 0;
+        return Vec::new();
     };
-    let now = shared.now_ms();
-    let mut n = 0;
-    for (session, idle_ms) in shared.activity.idle(now, duration_ms(ttl), IDLE_PER_ROUND) {
-        if shared.followers.pins(&session) {
-            continue;
-        }
-        let cmd = Command::ExpireSession {
-            session: session.clone(),
+    let followers = &shared.followers;
+    shared
+        .activity
+        .idle(shared.now_ms(), duration_ms(ttl), IDLE_PER_ROUND, |s| {
+            followers.pins(s)
+        })
+        .into_iter()
+        .map(|(session, idle_ms)| Command::ExpireSession {
+            session,
             idle_ms: Some(idle_ms),
+        })
+        .collect()
+}
+
+/// Sends the expiries a scan decided, all at once (the writer groups them), and waits for
+/// each; returns how many sessions expired. The writer checks each session again when it
+/// plans the expiry and keeps one that a call named, or a follower pinned, since the scan.
+pub(crate) fn commit_idle_expiries(shared: &Shared, tx: &Mailbox, cmds: Vec<Command>) -> usize {
+    let mut sent = Vec::with_capacity(cmds.len());
+    for cmd in cmds {
+        let Command::ExpireSession { session, idle_ms } = &cmd else {
+            continue;
         };
-        match submit(tx, shared, cmd) {
-            Ok(_) => {
+        let (session, idle_ms) = (session.clone(), idle_ms.unwrap_or(0));
+        match send(tx, shared, cmd) {
+            Ok(reply) => sent.push((session, idle_ms, reply)),
+            Err(e) => {
+                tracing::warn!(session, error = %e, "could not expire an idle session");
+                break;
+            }
+        }
+    }
+    let mut n = 0;
+    for (session, idle_ms, reply) in sent {
+        match wait(&reply) {
+            Ok(Reply::Expired(_)) => {
                 n += 1;
                 tracing::info!(session, idle_ms, "expired an idle session");
             }
+            Ok(_) => tracing::debug!(session, "idle session was active again; kept"),
             Err(Error::UnknownSession | Error::SessionExpired) => shared.activity.remove(&session),
             Err(e) => tracing::warn!(session, error = %e, "could not expire an idle session"),
         }
@@ -136,6 +170,7 @@ pub(crate) fn spawn_maintenance(
         .spawn(move || {
             let mut last_retention = Instant::now();
             let mut last_idle = Instant::now();
+            let mut idle_backlog = false;
             loop {
                 std::thread::park_timeout(TICK);
                 if shutdown.load(Ordering::Acquire) {
@@ -143,9 +178,12 @@ pub(crate) fn spawn_maintenance(
                 }
                 check_disk(&shared);
                 expire_leases(&shared, &tx);
-                if last_idle.elapsed() >= idle_every {
+                if idle_backlog || last_idle.elapsed() >= idle_every {
                     last_idle = Instant::now();
-                    expire_idle_sessions(&shared, &tx);
+                    // A full round leaves more behind: the next one runs at the next tick.
+                    let found = scan_idle_sessions(&shared);
+                    idle_backlog = found.len() >= IDLE_PER_ROUND;
+                    commit_idle_expiries(&shared, &tx, found);
                 }
                 let low = shared.low_disk.load(Ordering::Acquire);
                 // Short of space, retention runs every tick: it is what frees space.
@@ -176,8 +214,84 @@ pub(crate) fn spawn_index_flusher(
                 continue;
             }
             if let Err(e) = shared.index.flush_memtable() {
-                shared.poison(&e);
+                // Everything is in the log and in memory: nothing is lost. Refuse writes as
+                // on a full disk (the index's store shares the disk) and try again later.
+                tracing::warn!(error = %e, "the index could not be flushed: refusing appends until it can");
+                shared.low_disk.store(true, Ordering::Release);
+                shared
+                    .counters
+                    .index_flush_failures
+                    .fetch_add(1, Ordering::Relaxed);
             }
         })
         .map_err(Error::io("starting the index flush thread"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::{Config, Engine, ManualClock, OpenStream};
+
+    const T0: u64 = 1_800_000_000_000;
+    const TTL: Duration = Duration::from_secs(60);
+
+    fn engine(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
+        let mut c = Config::new(dir);
+        c.clock = Arc::clone(clock) as _;
+        c.session_idle_ttl = Some(TTL);
+        c.disk_reserve_bytes = 0;
+        Engine::open(c).unwrap()
+    }
+
+    fn live(e: &Engine, session: &str) -> bool {
+        e.session(session).unwrap().is_some_and(|s| !s.expired)
+    }
+
+    /// A call or a follower that arrives after the scan picked a session, but before its
+    /// expiry is planned, keeps the session: the writer checks again.
+    #[test]
+    fn activity_between_the_scan_and_the_commit_keeps_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(T0));
+        let e = engine(dir.path(), &clock);
+        let epoch = e.open_session("touched").unwrap().epoch;
+        e.open_session("followed").unwrap();
+        let stream = e
+            .open_stream(OpenStream {
+                session: "followed".into(),
+                epoch,
+                correlation: None,
+                lease_ms: None,
+            })
+            .unwrap()
+            .stream;
+        e.open_session("idle").unwrap();
+        clock.advance(TTL + Duration::from_secs(1));
+        let shared = &e.inner.shared;
+        let tx = e.sender().unwrap();
+
+        let found = scan_idle_sessions(shared);
+        assert_eq!(found.len(), 3, "{found:?}");
+        // Between the scan and the commit: a call names one, a follower pins another.
+        e.touch_session("touched").unwrap();
+        let follower = e.follow("followed", stream, 0).unwrap();
+        assert_eq!(commit_idle_expiries(shared, &tx, found), 1);
+        assert!(
+            live(&e, "touched"),
+            "a call after the scan keeps its session"
+        );
+        assert!(
+            live(&e, "followed"),
+            "a follower after the scan keeps its session"
+        );
+        assert!(!live(&e, "idle"));
+        assert_eq!(e.stats().unwrap().sessions_expired_idle, 1);
+
+        // Both are expired once idle for a whole TTL again.
+        drop(follower);
+        clock.advance(TTL);
+        assert_eq!(expire_idle_sessions(shared, &tx), 2);
+        assert!(!live(&e, "touched") && !live(&e, "followed"));
+    }
 }

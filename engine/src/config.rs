@@ -109,6 +109,25 @@ pub struct Config {
     pub session_idle_ttl: Option<Duration>,
     /// Most open streams one session may have (bounds the group that ends them all).
     pub open_streams_per_session_max: u32,
+    /// Most live (not expired) sessions: opening one more is refused with
+    /// [`crate::Error::AtCapacity`] until some expire. A hard bound on the memory live state
+    /// holds, which otherwise grows with sessions nobody expires (MCP clients rarely send
+    /// `DELETE`) and whose idle TTL a follower holds off.
+    ///
+    /// Default 1,000,000: a live idle session with an open stream costs ~1.9 KiB of resident
+    /// memory (measured: 1,929 bytes each at 100,000, the `session_memory` example), so a
+    /// full table is ~1.8 GiB — under a tenth of a 24 GiB machine, leaving the rest to
+    /// followers, the read path and the page cache that serves the log. One idle scan of a
+    /// million entries takes tens of milliseconds, at most every tenth of the TTL.
+    pub live_sessions_max: u64,
+    /// Most open streams holding a producer lease: opening one more with a lease is refused
+    /// with [`crate::Error::AtCapacity`]. Leases live in memory and the lease check visits
+    /// all of them every 50 ms, so this bounds that work as well as the memory.
+    ///
+    /// Default 100,000: ~40 bytes of lease each (4 MiB in all) beside the stream's own state,
+    /// and a check of all of them takes well under a millisecond per 50 ms tick. Lease-less
+    /// streams (the usual MCP case) do not count.
+    pub leased_streams_max: u64,
     /// Free space to keep on the data directory's file system, in bytes: below it appends
     /// are refused (`DiskFull`) while reads, verdicts and retention go on, so retention can
     /// always write what it needs to free space. 0 disables the check.
@@ -138,6 +157,8 @@ impl Config {
             session_state_bytes_max: 64 * 1024,
             session_idle_ttl: Some(Duration::from_secs(3600)),
             open_streams_per_session_max: 1024,
+            live_sessions_max: 1_000_000,
+            leased_streams_max: 100_000,
             disk_reserve_bytes: 256 * 1024 * 1024,
             index_cache_bytes: 64 * 1024 * 1024,
             writer_queue_bytes_max: 64 * 1024 * 1024,

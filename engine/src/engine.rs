@@ -293,6 +293,11 @@ impl Engine {
             segment_descriptors: s.log.descriptors() as u64,
             followed_streams: s.followers.followed() as u64,
             writer_queue_bytes: s.admission.queued(),
+            live_sessions_max: s.config.live_sessions_max,
+            sessions_refused_at_capacity: c.sessions_refused_at_capacity.load(Ordering::Relaxed),
+            leased_streams: s.leases.len() as u64,
+            leased_streams_max: s.config.leased_streams_max,
+            leases_refused_at_capacity: c.leases_refused_at_capacity.load(Ordering::Relaxed),
         })
     }
 

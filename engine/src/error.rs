@@ -180,6 +180,15 @@ pub enum Error {
         /// The configured reserve.
         reserve_bytes: u64,
     },
+    /// A hard cap on live state is reached: nothing more of `limit` is created until some
+    /// of it ends (sessions expire, leased streams end) or the cap is raised.
+    #[error("{limit} are at their limit of {max} ({}); refused until some end", limit.setting())]
+    AtCapacity {
+        /// Which cap.
+        limit: LiveLimit,
+        /// The configured cap.
+        max: u64,
+    },
     /// A bug: an invariant of the engine did not hold. The message says which.
     #[error("internal error: {0}")]
     Internal(String),
@@ -191,6 +200,35 @@ pub enum Error {
         /// What is unsupported.
         reason: String,
     },
+}
+
+/// A hard cap on live state ([`Error::AtCapacity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LiveLimit {
+    /// Live (not expired) sessions: [`crate::Config::live_sessions_max`].
+    Sessions,
+    /// Open streams with a producer lease: [`crate::Config::leased_streams_max`].
+    LeasedStreams,
+}
+
+impl LiveLimit {
+    /// The [`crate::Config`] field that sets the cap.
+    pub fn setting(self) -> &'static str {
+        match self {
+            Self::Sessions => "Config::live_sessions_max",
+            Self::LeasedStreams => "Config::leased_streams_max",
+        }
+    }
+}
+
+impl std::fmt::Display for LiveLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Sessions => "live sessions",
+            Self::LeasedStreams => "leased open streams",
+        })
+    }
 }
 
 /// A failure of the derived index store, kept opaque: what stores the index is not part of

@@ -65,16 +65,32 @@ impl Leases {
         self.armed.store(map.len(), Ordering::Release);
     }
 
-    /// Takes the leases whose deadline passed at `now_ms`.
+    /// Streams with a lease now.
+    pub(crate) fn len(&self) -> usize {
+        self.armed.load(Ordering::Acquire)
+    }
+
+    /// Takes the leases whose deadline passed at `now_ms`. Looks under the read lock (renewals
+    /// go on meanwhile) and takes the write lock only when some ran out.
     pub(crate) fn take_expired(&self, now_ms: u64) -> Vec<u64> {
         if self.armed.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
-        let mut map = self.write();
-        let ids: Vec<u64> = map
+        let passed = |l: &Lease| l.deadline_ms.load(Ordering::Acquire) <= now_ms;
+        let due: Vec<u64> = self
+            .read()
             .iter()
-            .filter(|(_, l)| l.deadline_ms.load(Ordering::Acquire) <= now_ms)
+            .filter(|(_, l)| passed(l))
             .map(|(id, _)| *id)
+            .collect();
+        if due.is_empty() {
+            return due;
+        }
+        let mut map = self.write();
+        // A lease renewed (or re-armed) since the look is kept.
+        let ids: Vec<u64> = due
+            .into_iter()
+            .filter(|id| map.get(id).is_some_and(passed))
             .collect();
         for id in &ids {
             map.remove(id);

@@ -27,6 +27,10 @@ pub(crate) struct Counters {
     pub last_lsn: AtomicU64,
     pub appends_refused_low_disk: AtomicU64,
     pub sessions_expired_idle: AtomicU64,
+    /// New sessions refused at `live_sessions_max`.
+    pub sessions_refused_at_capacity: AtomicU64,
+    /// Leased streams refused at `leased_streams_max`.
+    pub leases_refused_at_capacity: AtomicU64,
     /// Free bytes at the last check; `u64::MAX` before the first.
     pub disk_free_bytes: AtomicU64,
 }

@@ -92,6 +92,11 @@ impl<'a> Txn<'a> {
         self.counts.add(d);
     }
 
+    /// How the pending writes change the counts so far.
+    pub(crate) fn pending_counts(&self) -> Counts {
+        self.counts
+    }
+
     pub(crate) fn put_session(&mut self, s: &StoredSession) {
         self.put_raw(session_key(&s.meta.id), encode_value(s));
     }

@@ -7,7 +7,7 @@ use crate::api::{
     Append, Appended, EpochAdvanced, NewEvent, SessionExpired, SessionInfo, StreamInfo, Terminated,
 };
 use crate::cursor::Cursor;
-use crate::error::{Error, Result};
+use crate::error::{Error, LiveLimit, Result};
 use crate::format::FRAME_HEADER_BYTES;
 use crate::index::{origin_key, KvRead, Txn};
 use crate::mailbox::{Command, Reply};
@@ -17,6 +17,9 @@ use crate::record::{
 };
 use crate::state::{StreamMeta, StreamState};
 use std::sync::atomic::Ordering;
+
+mod live;
+use live::named_session;
 
 impl Writer {
     pub(super) fn plan(
@@ -36,6 +39,11 @@ impl Writer {
                 reserve_bytes: self.shared.config.disk_reserve_bytes,
             });
         }
+        if let Some(session) = named_session(&cmd) {
+            // The call renews its session now, not only once answered: an idle expiry the
+            // background scan decided before it and planned after it must see it.
+            self.shared.activity.touch(session, now);
+        }
         match cmd {
             Command::Sync => Ok(Reply::Done),
             Command::OpenSession { session, state } => match txn.stored_session(&session)? {
@@ -50,6 +58,7 @@ impl Writer {
                     }))
                 }
                 None => {
+                    self.check_live_sessions(txn)?;
                     let mut records = vec![Record::SessionOpened {
                         session: session.clone(),
                         epoch: 1,
@@ -109,6 +118,10 @@ impl Writer {
             }
             Command::ExpireSession { session, idle_ms } => {
                 live_session(txn, &session)?;
+                if idle_ms.is_some() && !self.still_idle(&session, now) {
+                    // A call named it (or a follower pinned it) since the scan: kept.
+                    return Ok(Reply::Done);
+                }
                 let aborted = txn.open_streams(&session)?;
                 let reason = match idle_ms {
                     Some(ms) => format!("session expired after {} s idle", ms / 1000),
@@ -152,16 +165,33 @@ impl Writer {
                         limit: u64::from(limit),
                     });
                 }
+                let max = self.shared.config.leased_streams_max;
+                if req.lease_ms.is_some() && self.shared.leases.len() as u64 >= max {
+                    self.shared
+                        .counters
+                        .leases_refused_at_capacity
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::AtCapacity {
+                        limit: LiveLimit::LeasedStreams,
+                        max,
+                    });
+                }
                 let stream = self.log.next_lsn;
+                let lease_ms = req.lease_ms;
                 let rec = Record::StreamOpened(StreamOpened {
                     stream,
                     session: req.session,
                     epoch: s.epoch,
                     correlation: req.correlation,
-                    lease_ms: req.lease_ms,
+                    lease_ms,
                     at_ms: now,
                 });
                 self.emit(vec![rec], txn, buf)?;
+                if let Some(ms) = lease_ms {
+                    // Armed here, not only by the caller once answered, so the cap counts
+                    // every lease the writer granted (the caller's arm restarts it).
+                    self.shared.leases.arm(stream, ms, now);
+                }
                 Ok(Reply::Stream(StreamInfo {
                     stream,
                     epoch: s.epoch,
