@@ -273,6 +273,13 @@ pub struct Stats {
     pub segments_deleted: u64,
     /// Microseconds recovery took at open.
     pub recovery_micros: u64,
+    /// Records the index had applied that the log no longer held at open (see
+    /// [`crate::RecoveryReport::lost_records`]): acknowledged data lost under `sync=always`.
+    pub recovery_lost_records: u64,
+    /// Streams ended at open because events acknowledged in them may be lost.
+    pub recovery_streams_fenced: u64,
+    /// Sessions moved to a new epoch at open because a stream or epoch of theirs was lost.
+    pub recovery_sessions_fenced: u64,
     /// Sessions not expired.
     pub live_sessions: u64,
     /// Streams in state `Open`.

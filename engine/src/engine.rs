@@ -21,6 +21,7 @@ use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
 use crate::index::{prefix, KvRead};
 use crate::leases::Leases;
+use crate::lost::LostWrites;
 use crate::mailbox::{send, wait, Command, Mailbox, Reply};
 use crate::recovery::{recover, RecoveryReport};
 use crate::shared::{Counters, Shared};
@@ -177,8 +178,13 @@ impl Engine {
             .map_err(Error::io("starting the writer thread"))?;
         let shutdown = Arc::new(AtomicBool::new(false));
         let mut report = rec.report;
+        if let Some(lost) = &rec.lost {
+            let (streams, sessions) = fence_lost(&shared, &tx, lost)?;
+            report.streams_fenced += streams;
+            report.sessions_fenced = sessions;
+        }
         if rec.previous.is_some_and(|p| p.may_have_lost_acknowledged()) {
-            report.streams_fenced = fence_open_streams(&shared, &tx)?;
+            report.streams_fenced += fence_open_streams(&shared, &tx)?;
         }
         tracing::info!(dir = %shared.config.dir.display(), report = %report, "recovered data directory");
         let background = vec![
@@ -284,6 +290,9 @@ impl Engine {
             segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
             recovery_micros: u64::try_from(self.inner.report.elapsed.as_micros())
                 .unwrap_or(u64::MAX),
+            recovery_lost_records: self.inner.report.lost_records,
+            recovery_streams_fenced: self.inner.report.streams_fenced,
+            recovery_sessions_fenced: self.inner.report.sessions_fenced,
             live_sessions: n(counts.live_sessions),
             open_streams: n(counts.open_streams),
             poisoned: self.is_poisoned(),
@@ -459,6 +468,45 @@ fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
         );
     }
     Ok(fenced)
+}
+
+/// Fences what the log lost that the index remembered (see [`crate::lost`]): ends the
+/// streams that lost events at the head that survived, and moves the sessions that lost a
+/// stream or an epoch past every epoch a client may hold, so a lost stream's id, given to a
+/// new stream, can never match an old cursor. Returns (streams ended, sessions moved).
+fn fence_lost(shared: &Shared, tx: &Mailbox, lost: &LostWrites) -> Result<(u64, u64)> {
+    let mut ended = 0;
+    for stream in &lost.streams_to_end {
+        let cmd = Command::Terminate {
+            session: None,
+            stream: *stream,
+            state: StreamState::Aborted,
+            expected_next_seq: None,
+            reason: Some(
+                "events of this stream that had been acknowledged are missing from the log \
+                 (lost at a crash)"
+                    .into(),
+            ),
+            frame: None,
+        };
+        match crate::mailbox::submit(tx, shared, cmd) {
+            Ok(_) => ended += 1,
+            Err(Error::StreamTerminated { .. } | Error::UnknownStream(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut moved = 0;
+    for (session, steps) in &lost.sessions_to_advance {
+        for _ in 0..*steps {
+            match crate::mailbox::submit(tx, shared, Command::AdvanceEpoch(session.clone())) {
+                Ok(_) => {}
+                Err(Error::UnknownSession | Error::SessionExpired) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        moved += 1;
+    }
+    Ok((ended, moved))
 }
 
 /// Every open stream's id (the `L` keys end with it): O(open streams).

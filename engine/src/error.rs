@@ -34,8 +34,8 @@ pub enum CorruptionKind {
         /// The LSN found.
         got: u64,
     },
-    /// Valid records follow a damaged region of the active segment, so the damage is not a
-    /// torn tail and truncating would drop acknowledged data.
+    /// A frame of the segment says (`synced_through`) the damaged bytes had been synced, so
+    /// the damage is not a torn unsynced write and cutting it would drop acknowledged data.
     DamageBeforeValidRecords,
     /// The index points into a segment file that is no longer there.
     MissingSegment,
@@ -58,9 +58,10 @@ impl std::fmt::Display for CorruptionKind {
                 write!(f, "lsn gap (expected {expected}, found {got})")
             }
             Self::MissingSegment => f.write_str("segment file is missing"),
-            Self::DamageBeforeValidRecords => {
-                f.write_str("damaged region followed by valid records (not a torn tail)")
-            }
+            Self::DamageBeforeValidRecords => f.write_str(
+                "damage in bytes a frame says were synced (not a torn unsynced write): \
+                 cutting it would drop acknowledged data",
+            ),
         }
     }
 }
@@ -261,6 +262,15 @@ impl std::error::Error for IndexError {
 }
 
 impl Error {
+    /// True for an I/O failure that means the disk (or the user's quota) is full: the
+    /// operation can succeed again once space returns.
+    pub(crate) fn is_no_space(&self) -> bool {
+        matches!(self, Self::Io { source, .. } if matches!(
+            source.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        ))
+    }
+
     /// Wraps an I/O error with what the engine was doing.
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let context = context.into();

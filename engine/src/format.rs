@@ -117,8 +117,10 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 pub struct SegmentHeader {
     /// LSN of the first record; equals the number in the file name.
     pub base_lsn: u64,
-    /// The log's term when the segment was created: every open of the directory starts a
-    /// new term in a new segment (a replicated log would take its leader's term here).
+    /// The log's term when the segment was created. An open that starts a new segment (the
+    /// sync policy or the machine's boot changed, or the tail ends in a clean-shutdown mark
+    /// under `interval`/`never`) starts a new term; an open that continues the tail keeps
+    /// its term (a replicated log would take its leader's term here).
     pub term: u64,
     /// The sync policy of the writer that created the segment and wrote every frame in it.
     pub sync: SyncPolicyTag,

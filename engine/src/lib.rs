@@ -47,6 +47,7 @@ mod fs;
 mod index;
 mod leases;
 mod log;
+mod lost;
 mod mailbox;
 mod mmap;
 mod read;

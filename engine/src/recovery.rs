@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use crate::apply::apply;
 use crate::config::Config;
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::{INDEX_DIR, LOCK_FILE};
+use crate::format::{SyncPolicyTag, INDEX_DIR, LOCK_FILE};
 use crate::fs::FileSystem;
 use crate::index::{Index, Txn};
 use crate::log::frames::{walk_groups, FrameSource, Windowed};
 use crate::log::{Log, LogWriter, PreviousRun, Segment};
+use crate::lost::{self, LostWrites, Remembered};
 
 /// What opening the data directory did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,6 +40,11 @@ pub struct RecoveryReport {
     /// (`interval`/`never` sync, no clean shutdown, machine restarted): their seqs could
     /// otherwise be issued twice.
     pub streams_fenced: u64,
+    /// Records the index had applied that the log no longer holds (the index was ahead of
+    /// the log). Under `sync=always` these were acknowledged: the disk lost synced writes.
+    pub lost_records: u64,
+    /// Sessions moved to a new epoch because the log lost one of their streams or epochs.
+    pub sessions_fenced: u64,
     /// Time taken.
     pub elapsed: Duration,
     /// The last LSN in the log after recovery.
@@ -66,6 +72,20 @@ impl std::fmt::Display for RecoveryReport {
         if self.previous_clean == Some(false) {
             f.write_str(", previous run did not shut down cleanly")?;
         }
+        if self.lost_records > 0 {
+            write!(
+                f,
+                ", {} records the index had applied are missing from the log",
+                self.lost_records
+            )?;
+        }
+        if self.sessions_fenced > 0 {
+            write!(
+                f,
+                ", {} sessions moved to a new epoch (a stream or epoch was lost)",
+                self.sessions_fenced
+            )?;
+        }
         if self.streams_fenced > 0 {
             write!(
                 f,
@@ -84,6 +104,8 @@ pub(crate) struct Recovered {
     pub log: Arc<Log>,
     pub writer: LogWriter,
     pub previous: Option<PreviousRun>,
+    /// Records the index remembered that the log lost, if any.
+    pub lost: Option<LostWrites>,
     pub report: RecoveryReport,
 }
 
@@ -156,6 +178,13 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, config: &Config) -> Result<Recov
     }
     let last_lsn = opened.last_lsn;
     let first_base = opened.log.all().first().map_or(1, |s| s.base_lsn());
+    // An index ahead of the log remembers records the log lost: note what it knew before
+    // it is rebuilt, to fence what was lost once the engine runs (see `lost`).
+    let remembered = if applied > last_lsn && !report.index_rebuilt {
+        Some((applied, Remembered::read(&index)?))
+    } else {
+        None
+    };
     if applied > last_lsn || (applied + 1 < first_base) {
         tracing::warn!(
             applied,
@@ -173,6 +202,15 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, config: &Config) -> Result<Recov
     }
     report.records_replayed = replay(&opened.log, &index, applied, last_lsn)?;
     index.flush()?;
+    let lost = match &remembered {
+        Some((applied_before, before)) => {
+            let lost = lost::compare(before, &index, *applied_before, last_lsn)?;
+            log_lost(&lost, opened.previous);
+            report.lost_records = lost.records();
+            Some(lost)
+        }
+        None => None,
+    };
     report.elapsed = started.elapsed();
     Ok(Recovered {
         lock,
@@ -180,8 +218,42 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, config: &Config) -> Result<Recov
         log: opened.log,
         writer: opened.writer,
         previous: opened.previous,
+        lost,
         report,
     })
+}
+
+/// Says what the log lost that the index remembered. Under `sync=always` every one of those
+/// records had been fsynced and acknowledged: the disk did not keep what it said it kept.
+fn log_lost(lost: &LostWrites, previous: Option<PreviousRun>) {
+    let always = previous.is_none_or(|p| p.sync == SyncPolicyTag::Always);
+    if always {
+        tracing::error!(
+            applied_lsn = lost.applied_lsn,
+            last_lsn = lost.last_lsn,
+            records = lost.records(),
+            streams_ended = lost.streams_to_end.len(),
+            sessions_moved_to_a_new_epoch = lost.sessions_to_advance.len(),
+            streams_vanished = lost.streams_vanished,
+            sessions_vanished = lost.sessions_vanished,
+            "ACKNOWLEDGED DATA LOST: the index had applied records the log no longer holds, \
+             under sync=always (each was fsynced before it was acknowledged). The disk lost \
+             synced writes (a device or controller that does not honour fsync, or a file \
+             changed outside cursorlog). Streams that lost events are ended and sessions that \
+             lost a stream or an epoch move to a new epoch, so no id is ever reused; check the \
+             disk's write cache settings and `cursorlog verify`."
+        );
+    } else {
+        tracing::warn!(
+            applied_lsn = lost.applied_lsn,
+            last_lsn = lost.last_lsn,
+            records = lost.records(),
+            streams_ended = lost.streams_to_end.len(),
+            sessions_moved_to_a_new_epoch = lost.sessions_to_advance.len(),
+            "the unsynced tail of the log was lost (sync=interval/never): the streams and \
+             sessions that lost events are fenced so no id is reused"
+        );
+    }
 }
 
 /// Replays every segment that may hold records after `applied` into the index. Any damage
@@ -194,14 +266,8 @@ fn replay(log: &Log, index: &Index, applied: u64, last_lsn: u64) -> Result<u64> 
         if next_base <= applied + 1 {
             continue;
         }
-        replayed += match seg.map() {
-            Some(map) => {
-                let len = usize::try_from(seg.len()).unwrap_or(usize::MAX);
-                let mut bytes: &[u8] = map.get(..len).unwrap_or(map);
-                replay_segment(seg, &mut bytes, next_base, index, applied)?
-            }
-            None => replay_segment(seg, &mut Windowed::new(seg), next_base, index, applied)?,
-        };
+        // Positional reads, window by window: no segment is mapped (a fault is an error).
+        replayed += replay_segment(seg, &mut Windowed::new(seg), next_base, index, applied)?;
     }
     Ok(replayed)
 }

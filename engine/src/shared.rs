@@ -26,6 +26,9 @@ pub(crate) struct Counters {
     pub segments_deleted: AtomicU64,
     pub last_lsn: AtomicU64,
     pub appends_refused_low_disk: AtomicU64,
+    /// Index flushes that failed (the data was intact in the log; writes were refused
+    /// until a flush succeeded).
+    pub index_flush_failures: AtomicU64,
     pub sessions_expired_idle: AtomicU64,
     /// New sessions refused at `live_sessions_max`.
     pub sessions_refused_at_capacity: AtomicU64,

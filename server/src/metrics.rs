@@ -146,6 +146,27 @@ impl Metrics {
             stats.recovery_micros,
         );
         metric(
+            "cursorlog_recovery_lost_records",
+            "gauge",
+            "Records the index had applied that the log no longer held when the data directory \
+             was opened: under sync=always, acknowledged data the disk lost (an error is logged).",
+            stats.recovery_lost_records,
+        );
+        metric(
+            "cursorlog_recovery_streams_fenced",
+            "gauge",
+            "Streams ended when the data directory was opened because acknowledged events of \
+             theirs may be lost.",
+            stats.recovery_streams_fenced,
+        );
+        metric(
+            "cursorlog_recovery_sessions_fenced",
+            "gauge",
+            "Sessions moved to a new epoch when the data directory was opened because a stream \
+             or epoch of theirs was lost.",
+            stats.recovery_sessions_fenced,
+        );
+        metric(
             "cursorlog_active_followers",
             "gauge",
             "Read calls currently following a stream live.",

@@ -35,7 +35,7 @@ impl Index {
                 Ok(())
             }
             Err(e) => {
-                // Keep the changes readable; the caller poisons the engine.
+                // Keep the changes readable; the caller refuses writes and tries again later.
                 self.restore(&frozen);
                 Err(e)
             }

@@ -196,7 +196,8 @@ pub(crate) fn walk<S: FrameSource>(
             end.damage = Some((offset, kind));
             break;
         }
-        end.synced_through = end.synced_through.max(header.synced_through);
+        // A frame can only vouch for bytes before itself (see `claim`).
+        end.synced_through = end.synced_through.max(claim(header.synced_through, offset));
         offset += len;
         expected_lsn += 1;
         in_group += 1;
@@ -319,8 +320,23 @@ pub(crate) fn classify_tail(bytes: &[u8], end: &WalkEnd) -> TailDamage {
     }
 }
 
+/// What a frame at `offset` claiming `synced_through` vouches for. A writer only ever
+/// claims bytes written before the frame, so a frame claiming more is not a frame this
+/// writer wrote (CRC-32 is no defence against a client who picks the bytes: a forged frame
+/// can sit inside an event's payload) and its claim is ignored. See FORMAT.md, invariant 3,
+/// for what a forged claim below its own offset can still do.
+fn claim(synced_through: u64, offset: u64) -> u64 {
+    if synced_through <= offset {
+        synced_through
+    } else {
+        0
+    }
+}
+
 /// CRC-valid frames with an LSN above `after_lsn` that start anywhere after `from`: their
-/// count and the highest `synced_through` they claim.
+/// count and the highest `synced_through` they claim (see [`claim`]). A
+/// frame is skipped whole once found, so frames inside a valid frame's payload are never
+/// seen.
 pub(crate) fn valid_frames_after(bytes: &[u8], from: u64, after_lsn: u64) -> (u64, u64) {
     let start = usize::try_from(from).unwrap_or(usize::MAX);
     let mut count = 0;
@@ -341,7 +357,7 @@ pub(crate) fn valid_frames_after(bytes: &[u8], from: u64, after_lsn: u64) -> (u6
             && check_frame(rest).is_ok()
         {
             count += 1;
-            synced = synced.max(h.synced_through);
+            synced = synced.max(claim(h.synced_through, at as u64));
             at += usize::try_from(h.frame_len()).unwrap_or(1);
         } else {
             at += 1;

@@ -7,7 +7,7 @@
 //! reads and the writer all reach segment files through it.
 //!
 //! It is shaped to become the log of a replicated group later (see `engine/FORMAT.md`,
-//! "Replication"): entries carry a term (per segment, from its header), an unsynced suffix
+//! "Terms"): entries carry a term (per segment, from its header), an unsynced suffix
 //! is cut only in the active segment ([`open`]), a committed prefix is purged in order
 //! ([`Log::purge_prefix`]), and the index applies records only after they are written and
 //! synced (the writer's commit is the seam where "apply after commit" would go).
@@ -19,7 +19,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::clock::Clock;
 use crate::config::SyncPolicy;
 use crate::error::{Error, Result};
-use crate::format::{SegmentHeader, SyncPolicyTag, BOOT_ID_BYTES};
+use crate::format::{segment_name, SegmentHeader, SyncPolicyTag, BOOT_ID_BYTES};
 use crate::fs::FileSystem;
 
 pub(crate) mod events;
@@ -139,7 +139,7 @@ impl Log {
 
     /// Deletes the oldest segments, `bases` (which must be the set's oldest, in order, and
     /// never the active one): they leave the set at once, then their files are unlinked
-    /// oldest first and the directory is synced once, outside the set's lock. A crash part
+    /// oldest first, the directory synced after each unlink, outside the set's lock. A crash part
     /// way leaves a contiguous suffix of them, never a hole in the log. Readers holding
     /// their maps keep reading (an unlinked file's pages live until the last map goes).
     ///
@@ -213,6 +213,8 @@ impl LogWriter {
         boot_id: [u8; BOOT_ID_BYTES],
         clock: Arc<dyn Clock>,
     ) -> Self {
+        // The caller synced `active` (a new segment is created synced; a continued tail is
+        // synced at open): every frame this writer writes claims its bytes are durable.
         let synced_through = active.len();
         Self {
             log,
@@ -247,15 +249,18 @@ impl LogWriter {
         self.next_lsn = lsn;
     }
 
-    /// Seals the active segment and starts a new one once it holds `max_bytes`.
+    /// Seals the active segment and starts a new one once it holds `max_bytes`. The new
+    /// segment is created first: if the disk is too full to create it, the active segment
+    /// stays active (a little past its size) and the caller refuses the group as it refuses
+    /// any write on a full disk.
     ///
     /// # Errors
-    /// I/O failures (fatal for the writer).
-    pub(crate) fn rotate_if_full(&mut self, max_bytes: u64) -> Result<()> {
+    /// [`WriteError::NoSpace`] when the new segment cannot be created for lack of space
+    /// (nothing changed: a partly created file is removed); [`WriteError::Fatal`] otherwise.
+    pub(crate) fn rotate_if_full(&mut self, max_bytes: u64) -> std::result::Result<(), WriteError> {
         if self.active.len() < max_bytes {
             return Ok(());
         }
-        self.active.seal()?;
         let header = SegmentHeader {
             base_lsn: self.next_lsn,
             term: self.term,
@@ -263,11 +268,29 @@ impl LogWriter {
             boot_id: self.boot_id,
             created_at_ms: self.clock.now_ms(),
         };
-        let next = Arc::new(Segment::create(
-            Arc::clone(self.log.fs()),
-            self.log.dir(),
-            &header,
-        )?);
+        let next = match Segment::create(Arc::clone(self.log.fs()), self.log.dir(), &header) {
+            Ok(next) => Arc::new(next),
+            Err(e) if e.is_no_space() => {
+                // A creation cut short leaves a file without a complete header under the
+                // name the next try needs: remove it (open would, too).
+                let path = self.log.dir().join(segment_name(header.base_lsn));
+                return match self.log.fs().remove(&path) {
+                    Ok(()) => sync_dir(self.log.fs().as_ref(), self.log.dir()).map_or_else(
+                        |e| Err(WriteError::Fatal(e)),
+                        |()| Err(WriteError::NoSpace(e)),
+                    ),
+                    Err(gone) if gone.kind() == std::io::ErrorKind::NotFound => {
+                        Err(WriteError::NoSpace(e))
+                    }
+                    Err(other) => Err(WriteError::Fatal(Error::io(format!(
+                        "removing the partly created segment {}",
+                        path.display()
+                    ))(other))),
+                };
+            }
+            Err(e) => return Err(WriteError::Fatal(e)),
+        };
+        self.active.seal().map_err(WriteError::Fatal)?;
         self.log.insert(Arc::clone(&next));
         self.synced_through = next.len();
         self.active = next;

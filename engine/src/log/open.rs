@@ -185,7 +185,10 @@ pub(crate) fn open(
         }
     }
     let previous = PreviousRun {
-        clean: last_type == Some(tag::SHUTDOWN),
+        // Clean means "everything acknowledged since is in the log": the last complete group
+        // is the shutdown mark and nothing after it was torn away (a torn group after the
+        // mark is a later run's write that a crash cut short).
+        clean: last_type == Some(tag::SHUTDOWN) && bytes_truncated == 0,
         sync: tail_header.sync,
         rebooted: boot_id.is_none() || boot_id != Some(tail_header.boot_id),
     };
@@ -217,9 +220,22 @@ pub(crate) fn open(
     // sync policy, same boot of the machine): what recovery needs to know about how the
     // frames in a segment were written stays true. Otherwise the old tail is sealed and the
     // run starts a new segment (and term); an old tail without frames is replaced.
+    //
+    // A tail that ends in the shutdown mark is never continued under a policy that
+    // acknowledges before syncing: this run's acknowledged but unsynced appends would sit
+    // after the mark, and a power loss that took them would leave a log that still ends
+    // "clean", so nothing would be fenced and their seqs would be issued again. In a new
+    // segment, a lost tail leaves no mark at the end: not clean.
+    let continues_clean_mark = previous.clean && policy != SyncPolicy::Always;
     let same_run = tail_header.sync == SyncPolicyTag::of(policy)
-        && boot_id.is_some_and(|b| b == tail_header.boot_id);
+        && boot_id.is_some_and(|b| b == tail_header.boot_id)
+        && !continues_clean_mark;
     if same_run {
+        // The tail may hold bytes the killed run wrote but never synced (still in the page
+        // cache, which outlived the process). Every frame this run writes claims the bytes
+        // before it are durable (`synced_through`), and readers are served what the index
+        // replays from them: make that true before either happens.
+        tail.sync_data()?;
         let tail = Arc::new(tail);
         log.insert(Arc::clone(&tail));
         let writer = LogWriter::new(

@@ -81,6 +81,9 @@ pub(crate) struct Writer {
     effects: Vec<Effect>,
     /// Segments the group retires, once it is durable: (bases, streams with run starts).
     retiring: Option<Vec<u64>>,
+    /// A request's records failed to apply part way: the group's overlay is not to be
+    /// trusted and the group must not commit.
+    overlay_broken: bool,
 }
 
 /// The largest group buffer kept for the next group; a larger one is freed after its group.
@@ -101,6 +104,7 @@ impl Writer {
             touched: Vec::new(),
             effects: Vec::new(),
             retiring: None,
+            overlay_broken: false,
         }
     }
 
@@ -272,12 +276,19 @@ impl Writer {
         if self.shared.poisoned.load(Ordering::Acquire) {
             return self.fail_all(batch, || Error::Poisoned);
         }
-        if let Err(e) = self
+        match self
             .log
             .rotate_if_full(self.shared.config.segment_bytes_max)
         {
-            self.poison(&e);
-            return self.fail_all(batch, || Error::Poisoned);
+            Ok(()) => {}
+            Err(WriteError::NoSpace(e)) => {
+                let replies = batch.into_iter().map(|r| r.reply).collect();
+                return self.refuse_for_full_disk(&e, replies);
+            }
+            Err(WriteError::Fatal(e)) => {
+                self.poison(&e);
+                return self.fail_all(batch, || Error::Poisoned);
+            }
         }
         let index = self.shared.index.clone();
         let mut streams = std::mem::take(&mut self.streams);
@@ -291,7 +302,7 @@ impl Writer {
         self.touched.clear();
         self.effects.clear();
         self.retiring = None;
-        let mut acks = Vec::with_capacity(batch.len());
+        let mut acks: Acks = Vec::with_capacity(batch.len());
         let mut force_sync = false;
         let first_lsn = self.log.next_lsn;
         for Request { cmd, reply, .. } in batch {
@@ -308,17 +319,24 @@ impl Writer {
                     | Command::OpenStream(_)
                     | Command::AdvanceEpoch(_)
             );
-            match self.plan(cmd, &mut txn, &mut buf) {
-                Ok(r) => acks.push((reply, r)),
-                Err(e @ Error::Index(_)) => {
-                    // The overlay may be half-applied: fail the whole batch.
-                    self.poison(&e);
-                    reply.send(Err(e));
-                    for (tx, _) in acks {
-                        tx.send(Err(Error::Poisoned));
-                    }
-                    return;
+            let planned = self.plan(cmd, &mut txn, &mut buf);
+            if self.overlay_broken || matches!(planned, Err(Error::Index(_))) {
+                // The overlay may be half-applied: fail the whole batch, write nothing.
+                self.overlay_broken = false;
+                self.log.rewind(first_lsn);
+                let e = match planned {
+                    Err(e) => e,
+                    Ok(_) => Error::Internal("a request half-applied to the index".into()),
+                };
+                self.poison(&e);
+                reply.send(Err(e));
+                for (tx, _) in acks {
+                    tx.send(Err(Error::Poisoned));
                 }
+                return;
+            }
+            match planned {
+                Ok(r) => acks.push((reply, r)),
                 Err(e) => reply.send(Err(e)),
             }
         }
@@ -332,30 +350,8 @@ impl Writer {
                 // Nothing of the group is in the log: refuse it, keep serving.
                 self.log.rewind(first_lsn);
                 self.streams.clear();
-                let free = self
-                    .shared
-                    .log
-                    .fs()
-                    .available_bytes(self.shared.log.dir())
-                    .unwrap_or(0);
-                self.shared
-                    .counters
-                    .disk_free_bytes
-                    .store(free, Ordering::Release);
-                self.shared.low_disk.store(true, Ordering::Release);
-                tracing::warn!(error = %e, free, "the disk is full: refusing appends until space returns");
-                let reserve = self.shared.config.disk_reserve_bytes;
-                self.shared
-                    .counters
-                    .appends_refused_low_disk
-                    .fetch_add(acks.len() as u64, Ordering::Relaxed);
-                for (tx, _) in acks {
-                    tx.send(Err(Error::DiskFull {
-                        free_bytes: free,
-                        reserve_bytes: reserve,
-                    }));
-                }
-                return;
+                let replies = acks.into_iter().map(|(tx, _)| tx).collect();
+                return self.refuse_for_full_disk(&e, replies);
             }
             Err(WriteError::Fatal(e)) => {
                 self.poison(&e);
@@ -372,19 +368,28 @@ impl Writer {
             index.commit(txn, last_lsn)
         };
         self.after_commit();
-        let applied = if index.memtable_len() >= 4 * crate::index::MEMTABLE_ENTRIES_MAX {
+        if index.memtable_len() >= 4 * crate::index::MEMTABLE_ENTRIES_MAX {
             // The background flush fell behind: pay for it here rather than grow unbounded.
-            index.flush_memtable()
-        } else {
-            Ok(())
-        };
-        if let Err(e) = applied.and_then(|()| self.retire()) {
-            self.poison(&e);
-            self.streams.clear();
-            for (tx, _) in acks {
-                tx.send(Err(Error::Poisoned));
+            // The group is durable in the log and applied in memory, so a failed flush loses
+            // nothing: writes are refused as on a full disk until a flush succeeds.
+            if let Err(e) = index.flush_memtable() {
+                self.index_flush_failed(&e);
             }
-            return;
+        }
+        if let Err(e) = self.retire() {
+            // The index (with the state carried out of the segments) is not durable, so the
+            // segments stay; the next retention round retires them again.
+            tracing::warn!(error = %e, "retiring segments failed; they stay until the next retention round");
+            if e.is_no_space() || matches!(e, Error::Index(_)) {
+                self.index_flush_failed(&e);
+            } else {
+                self.poison(&e);
+                self.streams.clear();
+                for (tx, _) in acks {
+                    tx.send(Err(Error::Poisoned));
+                }
+                return;
+            }
         }
         let c = &self.shared.counters;
         c.commit_batches.fetch_add(1, Ordering::Relaxed);
@@ -392,6 +397,47 @@ impl Writer {
             .fetch_add(self.log.next_lsn - first_lsn, Ordering::Relaxed);
         c.last_lsn.store(last_lsn, Ordering::Release);
         self.acknowledge(acks);
+    }
+
+    /// Refuses a group that the disk has no room for: nothing of it is in the log. Appends
+    /// are refused (`DiskFull`) until the background check sees space again.
+    fn refuse_for_full_disk(&mut self, e: &Error, replies: Vec<ReplyTo>) {
+        let free = self
+            .shared
+            .log
+            .fs()
+            .available_bytes(self.shared.log.dir())
+            .unwrap_or(0);
+        self.shared
+            .counters
+            .disk_free_bytes
+            .store(free, Ordering::Release);
+        self.shared.low_disk.store(true, Ordering::Release);
+        tracing::warn!(error = %e, free, "the disk is full: refusing appends until space returns");
+        let reserve = self.shared.config.disk_reserve_bytes;
+        self.shared
+            .counters
+            .appends_refused_low_disk
+            .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        for tx in replies {
+            tx.send(Err(Error::DiskFull {
+                free_bytes: free,
+                reserve_bytes: reserve,
+            }));
+        }
+    }
+
+    /// The index could not be made durable (its store shares the disk): everything is in
+    /// the log and in memory, so nothing is lost, but the in-memory part must not grow
+    /// without bound. Appends are refused as on a full disk until the background check sees
+    /// space again and a later flush succeeds.
+    fn index_flush_failed(&self, e: &Error) {
+        tracing::warn!(error = %e, "the index could not be flushed: refusing appends until it can");
+        self.shared.low_disk.store(true, Ordering::Release);
+        self.shared
+            .counters
+            .index_flush_failures
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Publishes what the committed group changed outside the index: wakes the followers
@@ -477,10 +523,19 @@ impl Writer {
                 }
             }
         }
+        let (touched, effects) = (self.touched.len(), self.effects.len());
         for (i, (record, pos)) in records.iter().zip(positions).enumerate() {
             let prev = i.checked_sub(1).and_then(|p| records.get(p));
             let continues = record.continues_run(prev);
-            apply(txn, first_lsn + i as u64, pos, record, continues)?;
+            if let Err(e) = apply(txn, first_lsn + i as u64, pos, record, continues) {
+                // None of the request's frames stay in the group and its LSNs are not taken.
+                // The overlay may hold part of it: the group must not commit (see `commit`).
+                buf.truncate(start);
+                self.touched.truncate(touched);
+                self.effects.truncate(effects);
+                self.overlay_broken = true;
+                return Err(e);
+            }
             if let Some(stream) = record.stream_id() {
                 self.touched.push(stream);
             }

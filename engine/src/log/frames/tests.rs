@@ -126,6 +126,41 @@ fn damage_in_synced_data_followed_by_a_later_write_is_corruption() {
     ));
 }
 
+/// A client embeds a forged frame (valid CRC, a plausible LSN, a claim that everything is
+/// synced) in an event's payload; a power loss then tears the enclosing frame's header
+/// sector. The forged claim must not turn the torn, unsynced write into "damage to synced
+/// data" (a refused start).
+#[test]
+fn a_forged_frame_in_a_payload_cannot_claim_a_torn_write_was_synced() {
+    let mut bytes = segment(10, 10); // one synced write
+    let synced = bytes.len() as u64;
+    // The forged frame: LSN 12 (the next but one), claiming the whole file was synced.
+    let mut forged = Vec::new();
+    encode_frame(&event(99, 8), 12, 0, u64::MAX, &mut forged).unwrap();
+    let mut payload = vec![0u8; 5000];
+    payload[4200..4200 + forged.len()].copy_from_slice(&forged);
+    let enclosing = Record::Event(EventBody {
+        stream: 1,
+        seq: 11,
+        at_ms: 0,
+        kind: "k".into(),
+        correlation: None,
+        payload,
+    });
+    // The enclosing frame is an unsynced write.
+    encode_frame(&enclosing, 11, 0, synced, &mut bytes).unwrap();
+    // The enclosing frame's header and first bytes are lost (zeros), the rest survived.
+    for b in &mut bytes[synced as usize..synced as usize + 64] {
+        *b = 0;
+    }
+    let end = walk_all(&bytes);
+    assert_eq!(end.valid_end, synced);
+    match classify_tail(&bytes, &end) {
+        TailDamage::Unsynced { .. } => {}
+        other => panic!("a forged claim made a torn write look synced: {other:?}"),
+    }
+}
+
 proptest! {
     #[test]
     fn arbitrary_bytes_after_a_header_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..2048)) {

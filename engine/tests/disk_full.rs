@@ -1,0 +1,94 @@
+//! A disk that fills up at the moment the log needs a new segment is a full disk like any
+//! other: the group is refused (`DiskFull`), nothing is half-created, the engine is not
+//! poisoned, and appends go on once space returns.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cursorlog_engine::{Append, Config, Engine, Error, FaultyFs, NewEvent, OpenStream, SyncPolicy};
+
+fn config(dir: &Path) -> Config {
+    let mut c = Config::new(dir);
+    c.sync = SyncPolicy::Always;
+    c.segment_bytes_max = 8192;
+    c.retention.max_age = None;
+    c.retention.check_interval = Duration::from_secs(24 * 3600);
+    c.disk_reserve_bytes = 0;
+    c
+}
+
+fn append(e: &Engine, stream: u64, payload: &[u8]) -> Result<u64, Error> {
+    e.append(Append {
+        session: "s".into(),
+        stream,
+        expected_next_seq: None,
+        events: vec![NewEvent::new("p", payload.to_vec())],
+    })
+    .map(|a| a.last_seq)
+}
+
+fn used(fs: &FaultyFs) -> u64 {
+    fs.files().iter().filter_map(|p| fs.durable_len(p)).sum()
+}
+
+#[test]
+fn no_space_for_the_next_segment_refuses_the_group_and_does_not_poison() {
+    let fs = FaultyFs::new(21);
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
+    let epoch = e.open_session("s").unwrap().epoch;
+    let s = e
+        .open_stream(OpenStream {
+            session: "s".into(),
+            epoch,
+            correlation: None,
+            lease_ms: None,
+        })
+        .unwrap()
+        .stream;
+    // Fill the active segment past its size: the next group starts by rolling.
+    let mut head = 0;
+    while e.stats().unwrap().log_bytes < 8192 {
+        head = append(&e, s, &[1; 1000]).unwrap();
+    }
+    let segments = e.stats().unwrap().segments;
+    // Not a byte more fits: creating the next segment fails with ENOSPC.
+    fs.set_capacity(Some(used(&fs)));
+    match append(&e, s, b"refused") {
+        Err(Error::DiskFull { .. }) => {}
+        other => panic!("expected DiskFull, got {other:?}"),
+    }
+    assert!(
+        !e.is_poisoned(),
+        "a full disk at rotation poisoned the engine"
+    );
+    assert_eq!(e.stats().unwrap().segments, segments);
+    assert!(
+        !fs.files().iter().any(|p| fs.durable_len(p) == Some(0)),
+        "a half-created segment was left behind: {:?}",
+        fs.files()
+    );
+    // Reads go on.
+    assert_eq!(e.read("s", s, 0, 1000).unwrap().head, head);
+    // Space returns: appends resume at the next seq (the refused one took none).
+    fs.set_capacity(None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let seq = loop {
+        match append(&e, s, b"accepted") {
+            Ok(seq) => break seq,
+            Err(Error::DiskFull { .. }) if Instant::now() < deadline => {
+                // The background disk check clears the refusal: wait for it.
+                std::thread::yield_now();
+            }
+            Err(other) => panic!("appends did not resume: {other}"),
+        }
+    };
+    assert_eq!(seq, head + 1);
+    assert_eq!(e.stats().unwrap().segments, segments + 1);
+    drop(e);
+    // And the directory opens with everything in it.
+    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
+    assert_eq!(e.read("s", s, 0, 1000).unwrap().head, head + 1);
+}
