@@ -280,6 +280,9 @@ pub struct Stats {
     pub recovery_streams_fenced: u64,
     /// Sessions moved to a new epoch at open because a stream or epoch of theirs was lost.
     pub recovery_sessions_fenced: u64,
+    /// Index flushes that failed since open (nothing was lost: the log holds it all; writes
+    /// were refused until a flush succeeded).
+    pub index_flush_failures: u64,
     /// Sessions not expired.
     pub live_sessions: u64,
     /// Streams in state `Open`.

@@ -293,6 +293,7 @@ impl Engine {
             recovery_lost_records: self.inner.report.lost_records,
             recovery_streams_fenced: self.inner.report.streams_fenced,
             recovery_sessions_fenced: self.inner.report.sessions_fenced,
+            index_flush_failures: c.index_flush_failures.load(Ordering::Relaxed),
             live_sessions: n(counts.live_sessions),
             open_streams: n(counts.open_streams),
             poisoned: self.is_poisoned(),

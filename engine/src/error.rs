@@ -39,6 +39,17 @@ pub enum CorruptionKind {
     DamageBeforeValidRecords,
     /// The index points into a segment file that is no longer there.
     MissingSegment,
+    /// The file is shorter than the bytes the log wrote to it: something outside cursorlog
+    /// cut it. The bytes from the reported offset on are gone.
+    Truncated {
+        /// The file's length on disk now (`None` if it could not be read).
+        file_len: Option<u64>,
+        /// The length the log wrote.
+        written: u64,
+    },
+    /// The stored bytes could not be read back: a media error (`EIO`) or the file system's
+    /// own checksum failure. The OS error.
+    Unreadable(String),
 }
 
 impl std::fmt::Display for CorruptionKind {
@@ -58,6 +69,18 @@ impl std::fmt::Display for CorruptionKind {
                 write!(f, "lsn gap (expected {expected}, found {got})")
             }
             Self::MissingSegment => f.write_str("segment file is missing"),
+            Self::Truncated {
+                file_len: Some(len),
+                written,
+            } => write!(
+                f,
+                "file cut short: {len} bytes on disk of the {written} written"
+            ),
+            Self::Truncated {
+                file_len: None,
+                written,
+            } => write!(f, "file cut short: fewer than the {written} bytes written"),
+            Self::Unreadable(why) => write!(f, "stored bytes unreadable: {why}"),
             Self::DamageBeforeValidRecords => f.write_str(
                 "damage in bytes a frame says were synced (not a torn unsynced write): \
                  cutting it would drop acknowledged data",

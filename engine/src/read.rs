@@ -1,5 +1,5 @@
 //! The read side: verdicts, bounded reads, live followers and outcomes. Nothing here takes
-//! the writer's lock: it reads the committed index and the log (maps when sealed).
+//! the writer's lock: it reads the committed index and the log (positional reads).
 
 use std::sync::Arc;
 
@@ -137,10 +137,11 @@ pub(crate) fn read_events(
         let mut ahead = ReadAhead::default();
         while seq < run_end && seq <= head && events.len() < max {
             if seq < expected {
-                offset += frame_len_at(&seg, &mut ahead, offset)?;
+                offset += frame_len_at(&seg, &mut ahead, offset)
+                    .map_err(|e| gone(shared, stream, expected, pos.segment, e))?;
             } else {
-                let (event, len) =
-                    read_frame_at(&seg, &mut ahead, &mut kinds, offset, stream, seq)?;
+                let (event, len) = read_frame_at(&seg, &mut ahead, &mut kinds, offset, stream, seq)
+                    .map_err(|e| gone(shared, stream, seq, pos.segment, e))?;
                 events.push(event);
                 offset += len;
                 expected = seq + 1;
@@ -191,6 +192,18 @@ fn missing_segment(shared: &Shared, stream: u64, seq: u64, segment: u64) -> Erro
         segment: shared.config.dir.join(crate::format::segment_name(segment)),
         offset: 0,
         kind: CorruptionKind::MissingSegment,
+    }
+}
+
+/// A read of `segment` that found its file gone: [`missing_segment`] decides between a read
+/// racing retention (the file was unlinked after the read found the segment) and a lost file.
+fn gone(shared: &Shared, stream: u64, seq: u64, segment: u64, e: Error) -> Error {
+    match e {
+        Error::Corruption {
+            kind: CorruptionKind::MissingSegment,
+            ..
+        } => missing_segment(shared, stream, seq, segment),
+        e => e,
     }
 }
 

@@ -167,6 +167,13 @@ impl Metrics {
             stats.recovery_sessions_fenced,
         );
         metric(
+            "cursorlog_index_flush_failures_total",
+            "counter",
+            "Index flushes that failed (nothing lost: the log holds everything; writes are \
+             refused as on a full disk until a flush succeeds).",
+            stats.index_flush_failures,
+        );
+        metric(
             "cursorlog_active_followers",
             "gauge",
             "Read calls currently following a stream live.",

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::api::Event;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::FRAME_HEADER_BYTES;
@@ -35,14 +37,41 @@ impl Kinds {
     }
 }
 
+/// The buffer holding bytes `offset .. offset + need` (unless the segment's written bytes
+/// end first) and where `offset` is in it: the read-ahead window, or, when the window ran
+/// into the end of a file cut short under us, just these bytes, so the frames before the
+/// cut are still served and only the range past it is [`CorruptionKind::Truncated`].
+fn bytes_at(
+    seg: &Segment,
+    ahead: &mut ReadAhead,
+    offset: u64,
+    need: u64,
+) -> Result<(Bytes, usize)> {
+    match ahead.window(seg, offset, need) {
+        Ok((bytes, from)) => Ok((bytes.clone(), from)),
+        Err(Error::Corruption {
+            kind:
+                CorruptionKind::Truncated {
+                    file_len: Some(end),
+                    ..
+                },
+            ..
+        }) if offset.saturating_add(need) <= end => {
+            let len = need.min(seg.len().saturating_sub(offset));
+            Ok((Bytes::from(seg.read_at(offset, len)?), 0))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Length of the frame at `offset`, from its header (the frames skipped on the way to the
 /// first requested one are not returned, so their CRC is not checked).
 pub(crate) fn frame_len_at(seg: &Segment, ahead: &mut ReadAhead, offset: u64) -> Result<u64> {
-    let bytes = match seg.mapped_from(offset) {
-        Some(bytes) => bytes,
-        None => ahead.at(seg, offset, FRAME_HEADER_BYTES as u64)?,
-    };
-    frame_len_in(bytes).ok_or_else(|| frame_error(seg, offset, bad_length(0)))
+    let (bytes, from) = bytes_at(seg, ahead, offset, FRAME_HEADER_BYTES as u64)?;
+    bytes
+        .get(from..)
+        .and_then(frame_len_in)
+        .ok_or_else(|| frame_error(seg, offset, bad_length(0)))
 }
 
 /// Reads and checks the frame at `offset`, which must be event `seq` of `stream`; returns it
@@ -50,8 +79,9 @@ pub(crate) fn frame_len_at(seg: &Segment, ahead: &mut ReadAhead, offset: u64) ->
 ///
 /// Every call checks the frame's length bound and its CRC over the header fields and the
 /// whole body, decodes the body strictly (UTF-8, option tags, no trailing bytes), and checks
-/// the record is the event `stream`/`seq`. A sealed segment's frame is checked in place in
-/// the map (one access); the active segment's is read with positional reads.
+/// the record is the event `stream`/`seq`. Frames are read with positional reads, a
+/// read-ahead window at a time, sealed segments and the active one alike; an event's payload
+/// shares the window's buffer.
 pub(crate) fn read_frame_at(
     seg: &Segment,
     ahead: &mut ReadAhead,
@@ -62,10 +92,7 @@ pub(crate) fn read_frame_at(
 ) -> Result<(Event, u64)> {
     let len = frame_len_at(seg, ahead, offset)?;
     // The frame's bytes and the buffer they are in, which the payload will share.
-    let (source, from) = match seg.map() {
-        Some(map) => (map, usize::try_from(offset).unwrap_or(usize::MAX)),
-        None => ahead.window(seg, offset, len)?,
-    };
+    let (source, from) = bytes_at(seg, ahead, offset, len)?;
     let frame = usize::try_from(len)
         .ok()
         .and_then(|n| source.get(from..from.checked_add(n)?));

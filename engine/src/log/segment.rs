@@ -1,32 +1,42 @@
 //! One segment file: create, append, sync, seal, read, truncate.
+//!
+//! Every read is a positional read (`pread`), the active segment's and the sealed ones'
+//! alike: no segment is memory-mapped, so a file cut short or a media error under a running
+//! engine is an error for the range read ([`CorruptionKind::Truncated`],
+//! [`CorruptionKind::Unreadable`]), never a `SIGBUS` that kills the process (see
+//! docs/DESIGN-NOTES.md, "Sealed segments are read with pread, not mapped").
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-
-use bytes::Bytes;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{segment_name, SegmentHeader, SEGMENT_HEADER_BYTES};
 use crate::fs::{FileSystem, SegmentFile};
 
+mod cache;
+
+/// Source of [`Segment::id`]s: unique in the process, never reused.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
 /// A segment file named by the LSN of its first record.
 ///
 /// # Invariants
 /// Bytes below `len` are written frames; only the writer appends, and only to the active
-/// (unsealed) segment. Once sealed the file never changes: reads go through its map and the
-/// segment holds no file descriptor (a simulated file system without maps keeps a
-/// read-only one).
+/// (unsealed) segment. Once sealed the file never changes and the segment holds no
+/// descriptor of its own: reads use one from a small shared cache ([`cache::DESCRIPTORS_MAX`]),
+/// opened read-only on demand.
 #[derive(Debug)]
 pub(crate) struct Segment {
     fs: Arc<dyn FileSystem>,
     path: PathBuf,
     base_lsn: u64,
-    /// The open file: read-write while active; dropped once sealed and mapped.
+    /// This segment's key in the descriptor cache.
+    id: u64,
+    /// The open file: read-write while active; dropped once sealed.
     file: std::sync::RwLock<Option<Arc<dyn SegmentFile>>>,
     len: AtomicU64,
-    /// The sealed file's map, shared with the events read from it (see [`crate::SegmentMap`]).
-    map: OnceLock<Bytes>,
+    sealed: AtomicBool,
 }
 
 /// Fsyncs a directory so that creations, renames and deletions in it are durable.
@@ -72,18 +82,20 @@ impl Segment {
         Ok(Self::from_file(fs, path, base_lsn, Some(file), len))
     }
 
-    /// Opens a sealed segment read-only and maps it; the descriptor is closed once mapped.
+    /// Opens a sealed segment: checks it can be opened read-only, and keeps no descriptor
+    /// (reads open one on demand, see [`cache::DESCRIPTORS_MAX`]).
     pub(crate) fn open_sealed(
         fs: Arc<dyn FileSystem>,
         path: PathBuf,
         base_lsn: u64,
         len: u64,
     ) -> Result<Self> {
-        let file = fs
-            .open_read_only(&path)
-            .map_err(Error::io(format!("opening segment {}", path.display())))?;
-        let seg = Self::from_file(fs, path, base_lsn, Some(file), len);
-        seg.map_and_close()?;
+        drop(
+            fs.open_read_only(&path)
+                .map_err(Error::io(format!("opening segment {}", path.display())))?,
+        );
+        let seg = Self::from_file(fs, path, base_lsn, None, len);
+        seg.sealed.store(true, Ordering::Release);
         Ok(seg)
     }
 
@@ -98,18 +110,45 @@ impl Segment {
             fs,
             path,
             base_lsn,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             file: std::sync::RwLock::new(file),
             len: AtomicU64::new(len),
-            map: OnceLock::new(),
+            sealed: AtomicBool::new(false),
         }
     }
 
-    fn file(&self) -> Result<Arc<dyn SegmentFile>> {
+    /// The segment's own descriptor: the active segment's read-write one.
+    fn own_file(&self) -> Option<Arc<dyn SegmentFile>> {
         self.file
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    fn file(&self) -> Result<Arc<dyn SegmentFile>> {
+        self.own_file()
             .ok_or_else(|| Error::Internal(format!("{} has no open file", self.path.display())))
+    }
+
+    /// A descriptor to read with: the segment's own while active, else a cached read-only
+    /// one (opened now if none is cached). A file that is gone is
+    /// [`CorruptionKind::MissingSegment`] (a reader racing retention turns that into
+    /// "evicted"); any other failure to open is an I/O error, not data loss (out of
+    /// descriptors, say).
+    fn reader(&self) -> Result<Arc<dyn SegmentFile>> {
+        if let Some(file) = self.own_file() {
+            return Ok(file);
+        }
+        if let Some(file) = cache::get(self.id) {
+            return Ok(file);
+        }
+        match self.fs.open_read_only(&self.path) {
+            Ok(file) => Ok(cache::put(self.id, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(self.corruption(0, CorruptionKind::MissingSegment))
+            }
+            Err(e) => Err(Error::io(format!("opening {}", self.path.display()))(e)),
+        }
     }
 
     /// The file path.
@@ -127,17 +166,15 @@ impl Segment {
         self.len.load(Ordering::Acquire)
     }
 
-    /// True once sealed (read through a map from then on).
+    /// True once sealed (never written again).
     pub(crate) fn is_sealed(&self) -> bool {
-        self.map.get().is_some()
+        self.sealed.load(Ordering::Acquire)
     }
 
-    /// True while the segment holds an open file descriptor.
+    /// True while the segment holds an open file descriptor: its own (active), or a cached
+    /// read-only one (sealed).
     pub(crate) fn holds_descriptor(&self) -> bool {
-        self.file
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some()
+        self.own_file().is_some() || cache::contains(self.id)
     }
 
     /// Appends `bytes` at the end. Only the writer calls this, on the active segment.
@@ -163,42 +200,14 @@ impl Segment {
             .map_err(Error::io(format!("syncing {}", self.path.display())))
     }
 
-    /// Syncs, then maps the file read-only and closes its descriptor; the segment is never
-    /// written again.
+    /// Syncs, then closes the read-write descriptor; the segment is never written again.
     pub(crate) fn seal(&self) -> Result<()> {
         self.sync_data()?;
-        self.map_and_close()
-    }
-
-    fn map_and_close(&self) -> Result<()> {
-        let map = self
-            .file()?
-            .map()
-            .map_err(Error::io(format!("mapping {}", self.path.display())))?;
-        let mut file = self
+        self.sealed.store(true, Ordering::Release);
+        *self
             .file
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match map {
-            Some(map) => {
-                let _ = self.map.set(Bytes::from_owner(map));
-                *file = None;
-            }
-            None => {
-                // A file system without maps: keep the file, read-only from now on.
-                let reopened = self
-                    .fs
-                    .open_read_only(&self.path)
-                    .map_err(Error::io(format!("reopening {}", self.path.display())))?;
-                let all = self.len();
-                let mut bytes = vec![0u8; usize::try_from(all).unwrap_or(0)];
-                reopened
-                    .read_exact_at(&mut bytes, 0)
-                    .map_err(Error::io(format!("reading {}", self.path.display())))?;
-                let _ = self.map.set(Bytes::from(bytes));
-                *file = None;
-            }
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         Ok(())
     }
 
@@ -206,7 +215,7 @@ impl Segment {
     pub(crate) fn truncate(&self, len: u64) -> Result<()> {
         assert!(
             !self.is_sealed(),
-            "a sealed (mapped) segment must never be truncated"
+            "a sealed segment must never be truncated"
         );
         self.file()?
             .set_len_and_sync(len)
@@ -215,29 +224,21 @@ impl Segment {
         Ok(())
     }
 
-    /// Calls `f` with bytes `offset .. offset + len`: from the map when sealed, else by
-    /// positional read (the active segment is written concurrently and never mapped).
+    /// Calls `f` with bytes `offset .. offset + len`, read with a positional read.
     pub(crate) fn with_bytes<R>(
         &self,
         offset: u64,
         len: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
-        let end = offset.checked_add(len).filter(|e| *e <= self.len());
-        let Some(end) = end else {
+        if offset
+            .checked_add(len)
+            .filter(|e| *e <= self.len())
+            .is_none()
+        {
             return Err(self.corruption(offset, CorruptionKind::BadLength(len)));
-        };
-        if let Some(map) = self.map.get() {
-            let bytes = usize::try_from(offset)
-                .ok()
-                .zip(usize::try_from(end).ok())
-                .and_then(|(a, b)| map.get(a..b));
-            return match bytes {
-                Some(b) => Ok(f(b)),
-                None => Err(self.corruption(offset, CorruptionKind::BadLength(len))),
-            };
         }
-        let buf = self.read_unmapped(offset, len)?;
+        let buf = self.read_at(offset, len)?;
         Ok(f(&buf))
     }
 
@@ -250,36 +251,63 @@ impl Segment {
         }
     }
 
-    /// Bytes `offset..offset + len` read with positional reads, never through the map: for a
-    /// one-off scan of a whole sealed segment that should not stay resident (mapped pages
-    /// count in the process's RSS for as long as the mapping lives). A sealed segment holds
-    /// no descriptor: a read-only one is opened for the read and closed after it.
-    pub(crate) fn read_unmapped(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+    /// Bytes `offset..offset + len`, read with one positional read.
+    ///
+    /// # Errors
+    /// Bytes the log wrote that the file no longer has (cut short by something outside
+    /// cursorlog) are [`CorruptionKind::Truncated`] at the first missing byte; a media error
+    /// is [`CorruptionKind::Unreadable`]: both are data loss for this range only, and the
+    /// rest of the log is still served. A file that is gone is
+    /// [`CorruptionKind::MissingSegment`]; other failures are I/O errors.
+    pub(crate) fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX).min(1 << 30)];
-        let file = match self.file() {
-            Ok(f) => f,
-            Err(_) => self
-                .fs
-                .open_read_only(&self.path)
-                .map_err(Error::io(format!("opening {}", self.path.display())))?,
-        };
-        file.read_exact_at(&mut buf, offset)
-            // The context is formatted only on failure: this is on every active-segment read.
-            .map_err(|e| Error::io(format!("reading {}", self.path.display()))(e))?;
+        self.reader()?
+            .read_exact_at(&mut buf, offset)
+            .map_err(|e| self.read_error(offset, e))?;
         Ok(buf)
     }
 
-    /// The mapped bytes from `offset` to the end of the written data, when the segment is
-    /// sealed (mapped); `None` for the active segment or an offset past the end.
-    pub(crate) fn mapped_from(&self, offset: u64) -> Option<&[u8]> {
-        let map = self.map.get()?;
-        let start = usize::try_from(offset).ok()?;
-        let end = usize::try_from(self.len()).ok()?;
-        map.get(start..end)
+    /// [`Segment::read_at`], under the name its callers knew when sealed segments were
+    /// mapped: every read is positional now.
+    pub(crate) fn read_unmapped(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.read_at(offset, len)
     }
 
-    /// The whole map of a sealed segment, to share slices of it (`None` while active).
-    pub(crate) fn map(&self) -> Option<&Bytes> {
-        self.map.get()
+    /// What a failed read of bytes from `offset` (all below the written length) means.
+    fn read_error(&self, offset: u64, e: std::io::Error) -> Error {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            let file_len = self.fs.len(&self.path).ok();
+            return self.corruption(
+                file_len.map_or(offset, |l| l.max(offset)),
+                CorruptionKind::Truncated {
+                    file_len,
+                    written: self.len(),
+                },
+            );
+        }
+        if is_media_error(&e) {
+            return self.corruption(offset, CorruptionKind::Unreadable(e.to_string()));
+        }
+        Error::io(format!("reading {}", self.path.display()))(e)
     }
 }
+
+/// True for the errors a read returns when the stored bytes cannot be read back: `EIO`
+/// (a media error), `ENXIO`, and a file system's own checksum failures (`EBADMSG`,
+/// `EUCLEAN`).
+fn is_media_error(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    Errno::from_io_error(e)
+        .is_some_and(|n| [Errno::IO, Errno::NXIO, Errno::BADMSG, Errno::UCLEAN].contains(&n))
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // The last holder is gone (the segment was retired, or the engine closed): its
+        // cached descriptor, if any, closes now.
+        cache::forget(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests;
