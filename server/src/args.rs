@@ -71,6 +71,22 @@ pub struct ServeArgs {
     /// [default: 1024].
     #[arg(long, env = "CURSORLOG_OPEN_STREAMS_PER_SESSION_MAX")]
     pub open_streams_per_session_max: Option<u32>,
+    /// Most live (not expired) sessions; one more OpenSession is RESOURCE_EXHAUSTED until
+    /// some expire. A live idle session costs ~1.9 KiB of memory [default: 1000000, ~1.8 GiB].
+    #[arg(
+        long,
+        env = "CURSORLOG_MAX_LIVE_SESSIONS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_live_sessions: Option<u64>,
+    /// Most open streams holding a producer lease; one more OpenStream with a lease is
+    /// RESOURCE_EXHAUSTED until some end. Lease-less streams do not count [default: 100000].
+    #[arg(
+        long,
+        env = "CURSORLOG_MAX_LEASED_STREAMS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_leased_streams: Option<u64>,
     /// Expire a session that no call has named for this many seconds (its open streams are
     /// aborted); 0 never expires idle sessions.
     #[arg(long, env = "CURSORLOG_SESSION_IDLE_TTL_SECS", default_value_t = 3600)]

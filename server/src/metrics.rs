@@ -251,6 +251,36 @@ impl Metrics {
             "Bytes of requests queued for the writer (and in its current group).",
             stats.writer_queue_bytes,
         );
+        metric(
+            "cursorlog_live_sessions_max",
+            "gauge",
+            "The cap on live sessions (--max-live-sessions); at it OpenSession is RESOURCE_EXHAUSTED.",
+            stats.live_sessions_max,
+        );
+        metric(
+            "cursorlog_sessions_refused_at_capacity_total",
+            "counter",
+            "New sessions refused with RESOURCE_EXHAUSTED because --max-live-sessions were live.",
+            stats.sessions_refused_at_capacity,
+        );
+        metric(
+            "cursorlog_leased_streams",
+            "gauge",
+            "Open streams holding a producer lease.",
+            stats.leased_streams,
+        );
+        metric(
+            "cursorlog_leased_streams_max",
+            "gauge",
+            "The cap on leased streams (--max-leased-streams).",
+            stats.leased_streams_max,
+        );
+        metric(
+            "cursorlog_leases_refused_at_capacity_total",
+            "counter",
+            "Leased streams refused with RESOURCE_EXHAUSTED because --max-leased-streams were open.",
+            stats.leases_refused_at_capacity,
+        );
         if let Some(free) = stats.disk_free_bytes {
             metric(
                 "cursorlog_disk_free_bytes",
@@ -304,9 +334,19 @@ mod tests {
         let stats = Stats {
             events_appended: 12,
             fsyncs: 3,
+            live_sessions_max: 1000,
+            sessions_refused_at_capacity: 2,
+            leased_streams: 5,
             ..Stats::default()
         };
         let text = metrics.render(&stats);
+        for line in [
+            "cursorlog_live_sessions_max 1000\n",
+            "cursorlog_sessions_refused_at_capacity_total 2\n",
+            "cursorlog_leased_streams 5\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
         assert!(
             text.contains("cursorlog_events_appended_total 12\n"),
             "{text}"

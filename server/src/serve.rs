@@ -86,6 +86,8 @@ fn engine_config(args: &ServeArgs) -> Config {
     if let Some(n) = args.open_streams_per_session_max {
         config.open_streams_per_session_max = n;
     }
+    config.live_sessions_max = args.max_live_sessions.unwrap_or(config.live_sessions_max);
+    config.leased_streams_max = args.max_leased_streams.unwrap_or(config.leased_streams_max);
     config.session_idle_ttl = match args.session_idle_ttl_secs {
         0 => None,
         secs => Some(Duration::from_secs(secs)),

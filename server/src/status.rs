@@ -5,7 +5,7 @@
 //! never contain internal file paths; errors that would (I/O, corruption, lock, format) are
 //! logged in full on the server and summarised to the client.
 
-use cursorlog_engine::Error;
+use cursorlog_engine::{Error, LiveLimit};
 use tonic::{Code, Status};
 
 /// The gRPC status for an engine error.
@@ -13,7 +13,7 @@ use tonic::{Code, Status};
 /// | engine error | code |
 /// |---|---|
 /// | `InvalidArgument` | `INVALID_ARGUMENT` |
-/// | `TooLarge`, `DiskFull` | `RESOURCE_EXHAUSTED` |
+/// | `TooLarge`, `DiskFull`, `AtCapacity` | `RESOURCE_EXHAUSTED` |
 /// | `UnknownSession`, `UnknownStream` | `NOT_FOUND` |
 /// | `StreamTerminated`, `StaleEpoch`, `SessionExpired`, `UnsupportedFormat` | `FAILED_PRECONDITION` |
 /// | `SeqConflict` | `ABORTED` |
@@ -30,6 +30,8 @@ pub fn from_engine(err: &Error) -> Status {
         tracing::error!(error = %err, code = ?code, "request failed");
     } else if matches!(err, Error::DiskFull { .. }) {
         tracing::warn!(error = %err, "append refused: disk below its free-space reserve");
+    } else if matches!(err, Error::AtCapacity { .. }) {
+        tracing::warn!(error = %err, "request refused: a cap on live state is reached");
     }
     Status::new(code, message)
 }
@@ -40,6 +42,7 @@ fn code_and_message(err: &Error) -> (Code, String) {
         Error::TooLarge { .. } | Error::DiskFull { .. } => {
             (Code::ResourceExhausted, err.to_string())
         }
+        Error::AtCapacity { limit, max } => (Code::ResourceExhausted, at_capacity(*limit, *max)),
         Error::UnknownSession => (
             Code::NotFound,
             "session not found: it was never opened or is past its metadata horizon".into(),
@@ -87,6 +90,30 @@ fn code_and_message(err: &Error) -> (Code, String) {
             "internal error; the server log has the details".into(),
         ),
     }
+}
+
+/// The server flag (and its environment variable) that sets a cap on live state.
+pub fn limit_flag(limit: LiveLimit) -> (&'static str, &'static str) {
+    match limit {
+        LiveLimit::Sessions => ("--max-live-sessions", "CURSORLOG_MAX_LIVE_SESSIONS"),
+        LiveLimit::LeasedStreams => ("--max-leased-streams", "CURSORLOG_MAX_LEASED_STREAMS"),
+        // `LiveLimit` is non-exhaustive: a cap added later still gets an answer.
+        _ => ("(see cursorlog serve --help)", "CURSORLOG_*"),
+    }
+}
+
+/// What a client told "at capacity" reads: which cap, its value, what frees room, and the
+/// flag that raises it.
+fn at_capacity(limit: LiveLimit, max: u64) -> String {
+    let (flag, env) = limit_flag(limit);
+    let frees = match limit {
+        LiveLimit::Sessions => "until idle sessions expire or are expired",
+        _ => "until some of them end",
+    };
+    format!(
+        "{limit} are at the server's limit of {max}: refused {frees}; \
+         an operator raises it with {flag} ({env})"
+    )
 }
 
 #[cfg(test)]
@@ -178,6 +205,13 @@ mod tests {
                 Code::ResourceExhausted,
             ),
             (
+                Error::AtCapacity {
+                    limit: LiveLimit::Sessions,
+                    max: 5,
+                },
+                Code::ResourceExhausted,
+            ),
+            (
                 Error::Internal(format!(
                     "writer answered oddly for {}",
                     secret_path().display()
@@ -222,5 +256,30 @@ mod tests {
             current: 2,
         });
         assert!(status.message().contains("epoch"));
+    }
+
+    #[test]
+    fn an_answer_at_capacity_names_the_limit_and_the_flag() {
+        for (limit, flag, env) in [
+            (
+                LiveLimit::Sessions,
+                "--max-live-sessions",
+                "CURSORLOG_MAX_LIVE_SESSIONS",
+            ),
+            (
+                LiveLimit::LeasedStreams,
+                "--max-leased-streams",
+                "CURSORLOG_MAX_LEASED_STREAMS",
+            ),
+        ] {
+            let status = from_engine(&Error::AtCapacity { limit, max: 1234 });
+            assert_eq!(status.code(), Code::ResourceExhausted);
+            let m = status.message();
+            assert!(
+                m.contains("1234") && m.contains(flag) && m.contains(env),
+                "{m}"
+            );
+            assert!(m.contains(&limit.to_string()), "{m}");
+        }
     }
 }

@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use cursorlog_tests::{append, event, open_stream, pb, read_all, read_request, resolve, Server};
+use cursorlog_tests::{
+    append, event, http_get, metric, open_stream, pb, read_all, read_request, resolve, Server,
+};
 use pb::cursor_log_client::CursorLogClient;
 use pb::{StreamState, Verdict};
 use tonic::transport::Channel;
@@ -326,4 +328,77 @@ async fn an_expired_session_id_is_new_again_once_forgotten() {
         (new, StreamState::Open),
         "the request id names the new session's stream, not the forgotten one"
     );
+}
+
+/// At `--max-live-sessions` a new session is RESOURCE_EXHAUSTED with a message naming the
+/// limit and the flag that raises it (an existing session still opens); at
+/// `--max-leased-streams` a leased stream is refused the same way (a lease-less one is not).
+/// The metrics count the refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_caps_on_live_sessions_and_leased_streams_answer_resource_exhausted() {
+    let server = Server::start(&[
+        "--max-live-sessions",
+        "2",
+        "--max-leased-streams",
+        "1",
+        "--metrics-listen",
+        "0",
+    ]);
+    let mut c = server.client().await;
+    open_stream(&mut c, "a", None, Some(60_000)).await;
+    open_stream(&mut c, "b", None, None).await;
+    let refused = c.open_session(open_session_request("c")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let m = refused.message();
+    assert!(
+        m.contains("live sessions")
+            && m.contains("limit of 2")
+            && m.contains("--max-live-sessions")
+            && m.contains("CURSORLOG_MAX_LIVE_SESSIONS"),
+        "{m}"
+    );
+    c.open_session(open_session_request("a"))
+        .await
+        .expect("an existing session still opens");
+
+    let epoch = get_session(&mut c, "b").await.unwrap().epoch;
+    let leased = |lease_ms| pb::OpenStreamRequest {
+        session: "b".into(),
+        epoch,
+        correlation: None,
+        lease_ms,
+    };
+    let refused = c.open_stream(leased(Some(60_000))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let m = refused.message();
+    assert!(
+        m.contains("leased") && m.contains("limit of 1") && m.contains("--max-leased-streams"),
+        "{m}"
+    );
+    c.open_stream(leased(None))
+        .await
+        .expect("a lease-less stream does not count");
+
+    // Expiring a session makes room for a new one.
+    c.expire_session(pb::ExpireSessionRequest {
+        session: "b".into(),
+    })
+    .await
+    .unwrap();
+    c.open_session(open_session_request("c")).await.unwrap();
+
+    let addr = server.metrics_addr.unwrap();
+    let page = tokio::task::spawn_blocking(move || http_get(addr, &[]))
+        .await
+        .unwrap();
+    for (name, value) in [
+        ("cursorlog_live_sessions", 2),
+        ("cursorlog_live_sessions_max", 2),
+        ("cursorlog_sessions_refused_at_capacity_total", 1),
+        ("cursorlog_leased_streams", 1),
+        ("cursorlog_leased_streams_max", 1),
+        ("cursorlog_leases_refused_at_capacity_total", 1),
+    ] {
+        assert_eq!(metric(&page, name), Some(value), "{name}: {page}");
+    }
 }
