@@ -1131,16 +1131,21 @@ fn deleting_the_index_rebuilds_an_identical_one() {
     e.close().unwrap();
 }
 
-/// Opens the index's sled database directly, waiting for a closed engine's sled threads to
-/// let go of its lock.
+/// Opens the index's sled database directly, once a closed engine's sled has let go of its
+/// lock. Nothing signals that moment: sled's I/O pool threads outlive the dropped database
+/// for a while, and a child process forked meanwhile by another test holds a copy of the
+/// locked file until it execs. So this polls the one observable condition, "the lock can be
+/// taken" (only lock errors are retried), up to a deadline.
 fn open_index_db(dir: &Path) -> sled::Db {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match sled::open(dir.join("index")) {
             Ok(db) => return db,
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(std::time::Duration::from_millis(10));
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10)); // poll interval
             }
             Err(e) => panic!("opening the index: {e}"),
         }
@@ -1254,6 +1259,8 @@ fn a_rebuild_after_retention_forgot_a_stream_is_identical() {
     let dir = tmp();
     let mut cfg = config(dir.path(), SyncPolicy::Never, SMALL_SEGMENT);
     cfg.retention.metadata_horizon = std::time::Duration::from_millis(1);
+    let clock = std::sync::Arc::new(cursorlog_engine::ManualClock::new(1_800_000_000_000));
+    cfg.clock = std::sync::Arc::clone(&clock) as _;
     let e = Engine::open(cfg.clone()).unwrap();
     let (_, a) = new_stream(&e, SESSION, Some("req-a"));
     append_range(&e, SESSION, a, 1, 3);
@@ -1267,7 +1274,7 @@ fn a_rebuild_after_retention_forgot_a_stream_is_identical() {
         .unwrap();
     e.trim(SESSION, a, 4).unwrap();
     e.trim(SESSION, b, q).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(5));
+    clock.advance(std::time::Duration::from_millis(2)); // past the horizon
     assert!(
         e.run_retention().unwrap() >= 2,
         "the trimmed segments are retired"

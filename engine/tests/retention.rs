@@ -7,9 +7,13 @@ mod common;
 use common::new_stream as open_stream;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use cursorlog_engine::{Append, Config, Cursor, Engine, NewEvent, Verdict};
+use cursorlog_engine::{Append, Config, Cursor, Engine, ManualClock, NewEvent, Verdict};
+
+/// A fixed start time for tests on an injected clock (ms since the epoch).
+const T0: u64 = 1_800_000_000_000;
 
 fn config(dir: &Path) -> Config {
     let mut c = Config::new(dir);
@@ -162,21 +166,17 @@ fn total_bytes_retention_raises_watermarks_and_keeps_tombstones() {
 fn age_retention_evicts_old_segments() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
-    // Long enough that 100 durable appends finish well inside it even when the shared disk's
-    // fdatasync takes 10+ ms (200 ms made this flaky on a slow disk).
-    let max_age = Duration::from_secs(2);
+    // Ages are read from the injected clock: however long the disk takes, the first fill is
+    // young until the clock is moved past `max_age`, and the second fill is young after.
+    let clock = Arc::new(ManualClock::new(T0));
+    cfg.clock = Arc::clone(&clock) as _;
+    let max_age = Duration::from_millis(200);
     cfg.retention.max_age = Some(max_age);
     let e = Engine::open(cfg).unwrap();
     let (epoch, s) = open_stream(&e, "s", None);
-    let started = std::time::Instant::now();
     fill(&e, "s", s, 100);
-    assert!(
-        started.elapsed() < max_age,
-        "the fill took {:?}: the disk is too slow for this test's max_age",
-        started.elapsed()
-    );
     assert_eq!(e.run_retention().unwrap(), 0, "nothing is old yet");
-    std::thread::sleep(max_age + Duration::from_millis(100));
+    clock.advance(max_age + Duration::from_millis(1));
     fill(&e, "s", s, 30);
     assert!(e.run_retention().unwrap() > 0);
     assert_eq!(
@@ -213,6 +213,8 @@ fn per_stream_event_limit_moves_the_watermark_on_append() {
 fn metadata_past_the_horizon_is_forgotten() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
+    let clock = Arc::new(ManualClock::new(T0));
+    cfg.clock = Arc::clone(&clock) as _;
     cfg.retention.metadata_horizon = Duration::from_millis(100);
     let e = Engine::open(cfg).unwrap();
     let (epoch, done) = open_stream(&e, "s", Some("r"));
@@ -223,7 +225,7 @@ fn metadata_past_the_horizon_is_forgotten() {
         verdict(&e, "s", Cursor::new(epoch, done, 1)),
         Verdict::StreamTerminated
     );
-    std::thread::sleep(Duration::from_millis(150));
+    clock.advance(Duration::from_millis(101));
     assert_eq!(
         verdict(&e, "s", Cursor::new(epoch, done, 1)),
         Verdict::UnknownCursor

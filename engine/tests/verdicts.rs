@@ -572,9 +572,13 @@ fn follower_sees_appends_from_another_handle_then_ends_at_the_terminal_frame() {
     append(&f.engine, "s", s, 2);
     let mut follower = f.engine.follow("s", s, 1).unwrap();
     let producer = f.engine.clone();
+    // Lockstep: the producer writes the next event only after the follower has received
+    // everything before it, so every late event reaches a follower that has caught up and
+    // waits (the path under test), whatever the scheduling.
+    let (caught_up, wait_caught_up) = std::sync::mpsc::channel::<()>();
     let t = std::thread::spawn(move || {
         for i in 0..5 {
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            wait_caught_up.recv().unwrap();
             producer
                 .append(Append {
                     session: "s".into(),
@@ -584,6 +588,7 @@ fn follower_sees_appends_from_another_handle_then_ends_at_the_terminal_frame() {
                 })
                 .unwrap();
         }
+        wait_caught_up.recv().unwrap();
         producer
             .complete("s", s, None, NewEvent::new("result", b"end".to_vec()))
             .unwrap();
@@ -592,6 +597,8 @@ fn follower_sees_appends_from_another_handle_then_ends_at_the_terminal_frame() {
     let mut seqs = Vec::new();
     while let Some(batch) = rt.block_on(follower.next_batch(2)).unwrap() {
         seqs.extend(batch.iter().map(|e| e.seq));
+        // The producer is gone after the terminal event: nobody to tell then.
+        let _ = caught_up.send(());
     }
     t.join().unwrap();
     assert_eq!(
