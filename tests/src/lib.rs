@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Read as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use cursorlog_proto::v1 as pb;
@@ -111,8 +111,17 @@ pub struct Server {
     /// Its data directory.
     pub data_dir: PathBuf,
     stdout_lines: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<String>>,
+    stderr: Arc<Captured>,
     _temp: Option<TempDir>,
+}
+
+/// A child's stderr as read so far, with a signal for every piece read: waiting for a log
+/// line waits for the read that brings it, not for a guessed time.
+#[derive(Debug, Default)]
+struct Captured {
+    text: Mutex<String>,
+    /// Notified after every read from the pipe.
+    grew: Condvar,
 }
 
 /// How to start a server: [`Server::start_with`].
@@ -174,18 +183,20 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn cursorlog");
-        let stderr = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Captured::default());
         let mut err_pipe = child.stderr.take().unwrap();
         let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             let mut buf = [0_u8; 4096];
             while let Ok(n) = err_pipe.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
-                sink.lock()
+                sink.text
+                    .lock()
                     .unwrap()
                     .push_str(&String::from_utf8_lossy(&buf[..n]));
+                sink.grew.notify_all();
             }
         });
         let stdout_lines = Arc::new(Mutex::new(Vec::new()));
@@ -214,10 +225,12 @@ impl Server {
                 Err(_) => {
                     let _ = child.kill();
                     let status = child.wait();
-                    std::thread::sleep(Duration::from_millis(100));
+                    // The child was the pipe's only writer: once it is gone the reader
+                    // reaches end of file, having read everything it logged.
+                    let _ = stderr_reader.join();
                     panic!(
                         "cursorlog did not print `listening on` (exit: {status:?}); stderr:\n{}",
-                        stderr.lock().unwrap()
+                        stderr.text.lock().unwrap()
                     );
                 }
             }
@@ -259,7 +272,7 @@ impl Server {
 
     /// Everything the server logged to stderr so far.
     pub fn logs(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.stderr.text.lock().unwrap().clone()
     }
 
     /// Waits (up to 10 s) until the server's stderr contains `needle`; false if it never does.
@@ -267,13 +280,15 @@ impl Server {
     /// on stdout may arrive a little later.
     pub fn wait_for_log(&self, needle: &str) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.logs().contains(needle) {
-                return true;
+        let mut text = self.stderr.text.lock().unwrap();
+        while !text.contains(needle) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            text = self.stderr.grew.wait_timeout(text, left).unwrap().0;
         }
-        false
+        true
     }
 
     /// Every line printed to stdout so far.
@@ -310,18 +325,29 @@ impl Server {
     /// # Panics
     /// When it does not exit within 30 s.
     pub fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
+        let pid = self.child.id().to_string();
+        let child = &mut self.child;
+        // A helper thread blocks in `wait` (the exit is the event); past the deadline the
+        // process is killed, which ends that `wait` too, and the test fails.
+        let exited = std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel();
+            scope.spawn(move || {
+                let _ = tx.send(child.wait());
+            });
+            match rx.recv_timeout(STOP_TIMEOUT) {
+                Ok(status) => Some(status.unwrap()),
+                Err(_) => {
+                    let _ = Command::new("kill").args(["-KILL", &pid]).status();
+                    None
+                }
             }
-            assert!(
-                Instant::now() < deadline,
+        });
+        exited.unwrap_or_else(|| {
+            panic!(
                 "cursorlog did not exit within {STOP_TIMEOUT:?}; stderr:\n{}",
                 self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            )
+        })
     }
 }
 
@@ -539,18 +565,47 @@ pub struct ReadAll {
     pub error: Option<tonic::Status>,
 }
 
+/// How far a Read call collected by [`read_all_watched`] has got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadProgress {
+    /// The resolution (the first message) has arrived.
+    pub resolved: bool,
+    /// Events received so far.
+    pub events: usize,
+}
+
 /// Collects a Read call to its end (with a timeout).
 pub async fn read_all(
     client: &mut CursorLogClient<Channel>,
     request: pb::ReadRequest,
     timeout: Duration,
 ) -> ReadAll {
+    read_all_watched(client, request, timeout, None).await
+}
+
+/// [`read_all`], publishing its progress after every message: a test waits on the watch for
+/// the point it needs (a follower has its resolution, has caught up to the head) before it
+/// acts, instead of sleeping and hoping the call got there.
+pub async fn read_all_watched(
+    client: &mut CursorLogClient<Channel>,
+    request: pb::ReadRequest,
+    timeout: Duration,
+    progress: Option<tokio::sync::watch::Sender<ReadProgress>>,
+) -> ReadAll {
     let mut stream = client.read(request).await.unwrap().into_inner();
     let mut all = ReadAll::default();
     let collect = async {
         loop {
             match stream.message().await {
-                Ok(Some(msg)) => absorb(&mut all, msg),
+                Ok(Some(msg)) => {
+                    absorb(&mut all, msg);
+                    if let Some(p) = &progress {
+                        p.send_replace(ReadProgress {
+                            resolved: all.resolution.is_some(),
+                            events: all.events.len(),
+                        });
+                    }
+                }
                 Ok(None) => break,
                 Err(status) => {
                     all.error = Some(status);

@@ -7,8 +7,8 @@ use std::io::{Read as _, Write as _};
 use std::time::Duration;
 
 use cursorlog_tests::{
-    append, assert_contiguous, event, open_stream, pb, read_all, read_request, resolve, run_tool,
-    Server,
+    append, assert_contiguous, event, open_stream, pb, read_all, read_all_watched, read_request,
+    resolve, run_tool, ReadProgress, Server,
 };
 use pb::{StreamState, Verdict};
 use tonic::Code;
@@ -295,10 +295,13 @@ async fn read_replays_from_the_start_and_ends_at_the_terminal_frame() {
 
     // A follower started before the terminal frame gets it and then the end message.
     let mut follower = server.client().await;
+    let (progress, mut watched) = tokio::sync::watch::channel(ReadProgress::default());
     let follow = tokio::spawn(async move {
-        read_all(&mut follower, read_request("s", &start, true), READ_TIMEOUT).await
+        let request = read_request("s", &start, true);
+        read_all_watched(&mut follower, request, READ_TIMEOUT, Some(progress)).await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // It has replayed seqs 1..=3, the head: it follows the live stream now.
+    watched.wait_for(|p| p.events >= 3).await.unwrap();
     c.complete(pb::CompleteRequest {
         session: "s".into(),
         stream,
@@ -914,9 +917,10 @@ async fn replay_overtaken_by_trim_ends_out_of_range_without_a_gap() {
     let mut read = reader.read(req).await.unwrap().into_inner();
     let mut got = cursorlog_tests::ReadAll::default();
     cursorlog_tests::absorb(&mut got, read.message().await.unwrap().unwrap());
-    // 12.5 MiB do not fit the channel and the connection's flow-control window: the server's
-    // replay is now blocked part-way. Trim everything behind its back.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // 12.5 MiB do not fit the channel and the connection's flow-control window, and this
+    // reader takes nothing more until the trim is answered: the server's replay cannot end
+    // before the trim, however the two are scheduled (blocked already or still reading, it
+    // is part-way). Trim everything behind its back.
     let trimmed = c
         .trim(pb::TrimRequest {
             session: "s".into(),

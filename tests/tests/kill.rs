@@ -261,6 +261,9 @@ async fn sigkill_under_load_loses_nothing_acknowledged() {
                 Arc::clone(&corrupt),
             )));
         }
+        // Not synchronisation: a random moment to kill at, so the kills land at different
+        // points of the write path (mid-group, mid-fsync, between groups) from run to run.
+        // Nothing here waits for the writers to get anywhere; any moment is a valid test.
         tokio::time::sleep(Duration::from_millis(30 + rng.below(300))).await;
         server.kill();
         stop.store(true, Ordering::Relaxed);

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use cursorlog_tests::{
-    absorb, append, assert_contiguous, event, open_stream, pb, read_all, read_request, resolve,
-    run_tool, ReadAll, Server,
+    absorb, append, assert_contiguous, event, open_stream, pb, read_all, read_all_watched,
+    read_request, resolve, run_tool, ReadAll, ReadProgress, Server,
 };
 use pb::{StreamState, Verdict};
 
@@ -61,6 +61,9 @@ async fn follower_on_another_replica_gets_every_missed_event_then_the_result() {
         Verdict::Resumable
     );
 
+    // The highest seq the follower has received, so the producer can pause until it has
+    // caught up (and the next events must be delivered live, to a waiting follower).
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(5_u64);
     let producer = tokio::spawn(async move {
         let mut more = Vec::new();
         for i in 6..=30 {
@@ -75,7 +78,9 @@ async fn follower_on_another_replica_gets_every_missed_event_then_the_result() {
             .await;
             more.push((r.event_ids[0].clone(), payload));
             if i % 5 == 0 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                seen.wait_for(|&seq| seq >= i)
+                    .await
+                    .expect("the follower stopped before it caught up");
             }
         }
         let done = replica_a
@@ -94,6 +99,9 @@ async fn follower_on_another_replica_gets_every_missed_event_then_the_result() {
     let rest = async {
         while let Some(msg) = read.message().await.unwrap() {
             absorb(&mut got, msg);
+            if let Some(last) = got.events.last() {
+                seen_tx.send_replace(last.seq);
+            }
         }
     };
     tokio::time::timeout(READ_TIMEOUT, rest)
@@ -262,7 +270,11 @@ async fn keep_alive_renews_the_lease() {
     let server = Server::start(&[]);
     let mut c = server.client().await;
     let (epoch, stream) = open_stream(&mut c, "s", None, Some(LEASE_MS)).await;
-    let until = Instant::now() + Duration::from_millis(LEASE_MS * 4);
+    // Keep-alives back to back (each one answered before the next is sent) until two leases
+    // have passed: without renewal the lease would have run out by then. No pacing timer,
+    // so a busy machine can only make the gaps between renewals the time of one call.
+    let until = Instant::now() + Duration::from_millis(LEASE_MS * 2);
+    let mut renewals = 0_u64;
     while Instant::now() < until {
         c.keep_alive(pb::KeepAliveRequest {
             session: "s".into(),
@@ -270,8 +282,9 @@ async fn keep_alive_renews_the_lease() {
         })
         .await
         .unwrap();
-        tokio::time::sleep(Duration::from_millis(LEASE_MS / 4)).await;
+        renewals += 1;
     }
+    assert!(renewals > 2, "only {renewals} keep-alives in two leases");
     let r = resolve(&mut c, "s", &format!("{epoch}-{stream}-0"), None).await;
     assert_eq!(
         (r.verdict(), r.stream_state()),
@@ -287,15 +300,18 @@ async fn epoch_advance_ends_followers_as_superseded() {
     let mut b = server.client().await;
     let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
     append(&mut c, "s", stream, "progress", &[b"1", b"2"]).await;
+    let (progress, mut watched) = tokio::sync::watch::channel(ReadProgress::default());
     let follow = tokio::spawn(async move {
-        read_all(
+        read_all_watched(
             &mut b,
             read_request("s", &format!("{epoch}-{stream}-1"), true),
             READ_TIMEOUT,
+            Some(progress),
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The follower has replayed seq 2, the head: it follows the live stream now.
+    watched.wait_for(|p| p.events >= 1).await.unwrap();
     c.advance_epoch(pb::AdvanceEpochRequest {
         session: "s".into(),
     })
@@ -319,15 +335,18 @@ async fn session_expiry_ends_followers_as_aborted() {
     let mut c = server.client().await;
     let mut b = server.client().await;
     let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
+    let (progress, mut watched) = tokio::sync::watch::channel(ReadProgress::default());
     let follow = tokio::spawn(async move {
-        read_all(
+        read_all_watched(
             &mut b,
             read_request("s", &format!("{epoch}-{stream}-0"), true),
             READ_TIMEOUT,
+            Some(progress),
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The follower has its resolution (the stream is empty): it follows the live stream now.
+    watched.wait_for(|p| p.resolved).await.unwrap();
     append(&mut c, "s", stream, "progress", &[b"1"]).await;
     c.expire_session(pb::ExpireSessionRequest {
         session: "s".into(),
