@@ -8,8 +8,16 @@ use cursorlog_engine::{Bytes, Event};
 
 use super::mutate::SegFile;
 
-/// Events by (stream, seq), as written.
-pub type Written = HashMap<(u64, u64), Event>;
+/// Events by (stream, seq), as written (more than one where a mutation left two different
+/// CRC-valid frames for one seq).
+pub type Written = HashMap<(u64, u64), Vec<Event>>;
+
+/// True when `ev` is one of the events written at its (stream, seq).
+pub fn holds(written: &Written, ev: &Event) -> bool {
+    written
+        .get(&(ev.stream, ev.seq))
+        .is_some_and(|v| v.contains(ev))
+}
 
 struct Body<'a> {
     b: &'a [u8],
@@ -96,7 +104,8 @@ impl Body<'_> {
     }
 }
 
-/// Adds the events of every CRC-valid frame of `files` to `out`.
+/// Adds the events of every CRC-valid frame of `files` to `out`: the frames in sequence and,
+/// past damage, any CRC-valid frame at any offset (an index may point there directly).
 pub fn collect(files: &[SegFile], out: &mut Written) {
     for f in files {
         let b = &f.bytes;
@@ -105,22 +114,26 @@ pub fn collect(files: &[SegFile], out: &mut Written) {
             _ => (64, 32, 28),
         };
         let mut off = header;
-        while let Some(len) = b.get(off..off + 4) {
-            let body_len = u32::from_le_bytes(len.try_into().unwrap_or([0; 4])) as usize;
-            let end = off + frame_header + body_len;
-            let Some(frame) = b.get(off..end) else {
-                break;
+        while off + frame_header <= b.len() {
+            let len = u32::from_le_bytes(b[off..off + 4].try_into().unwrap_or([0; 4]));
+            let end = (off + frame_header).saturating_add(len as usize);
+            let valid = b.get(off..end).filter(|frame| {
+                let crc = u32::from_le_bytes(frame[4..8].try_into().unwrap_or([0; 4]));
+                crc32fast::hash(&frame[8..]) == crc
+            });
+            let Some(frame) = valid else {
+                off += 1;
+                continue;
             };
-            let crc = u32::from_le_bytes(frame[4..8].try_into().unwrap_or([0; 4]));
-            if crc32fast::hash(&frame[8..]) != crc {
-                break;
-            }
             let mut body = Body {
                 b: &frame[frame_header..],
                 at: 0,
             };
             if let Some(ev) = body.record_event(frame[type_at]) {
-                out.insert((ev.stream, ev.seq), ev);
+                let at = out.entry((ev.stream, ev.seq)).or_default();
+                if !at.contains(&ev) {
+                    at.push(ev);
+                }
             }
             off = end;
         }
