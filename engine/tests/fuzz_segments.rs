@@ -575,14 +575,20 @@ fn fuzz_segments() {
     eprintln!("fuzz_segments: seed {first_seed}, {secs} s");
 
     // The committed corpus: interesting inputs found earlier, replayed every run.
-    for (name, image) in corpus_images() {
+    let corpus = corpus_images();
+    let mut replayed = Served::default();
+    for (name, image) in &corpus {
         for real_fs in [false, true] {
-            let mut served = Served::default();
-            if let Err(e) = run_image(&image, None, None, real_fs, false, None, &mut served) {
+            if let Err(e) = run_image(image, None, None, real_fs, false, None, &mut replayed) {
                 panic!("corpus entry {name} (real fs: {real_fs}): {e}");
             }
         }
     }
+    eprintln!(
+        "fuzz_segments: replayed {} corpus entries, {} events served and checked",
+        corpus.len(),
+        replayed.events
+    );
 
     let seeds = [
         make_seed("written", None),
