@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cursorlog_engine::{
-    verify_dir_with, Append, Config, Engine, Event, FaultyFs, FileSystem, ManualClock, NewEvent,
-    OpenStream, StdFs,
+    repair_dir_with, verify_dir_with, Append, Config, Engine, Event, FaultyFs, FileSystem,
+    ManualClock, NewEvent, OpenStream, StdFs,
 };
 use mutate::{Image, Rng, SegFile};
 
@@ -190,6 +190,8 @@ struct Served {
     refused: std::collections::BTreeMap<String, u64>,
     /// Why reads of an opened directory failed, counted the same way.
     read_errors: std::collections::BTreeMap<String, u64>,
+    /// What `repair --accept-loss` made of directories that did not open.
+    repair: std::collections::BTreeMap<String, u64>,
 }
 
 /// An engine error's variant, with its corruption kind when it has one.
@@ -390,22 +392,43 @@ fn open_and_check(
     rot: &mut Option<Rng>,
     served: &mut Served,
 ) -> Result<bool, String> {
-    let opened = match fs.clone() {
-        Some(fs) => {
-            let fs: Arc<dyn FileSystem> = Arc::new(fs);
-            let _ = verify_dir_with(fs.as_ref(), dir);
-            Engine::open_with_fs(config(dir), fs)
-        }
-        None => {
-            let _ = verify_dir_with(&StdFs, dir);
-            Engine::open(config(dir))
-        }
+    let dyn_fs: Arc<dyn FileSystem> = match fs.clone() {
+        Some(fs) => Arc::new(fs),
+        None => Arc::new(StdFs),
     };
-    let engine = match opened {
+    let _ = verify_dir_with(dyn_fs.as_ref(), dir);
+    let engine = match Engine::open_with_fs(config(dir), Arc::clone(&dyn_fs)) {
         Ok(engine) => engine,
         Err(err) => {
             *served.refused.entry(error_key(&err)).or_default() += 1;
-            return Ok(false);
+            // What an operator does next: `cursorlog verify --repair --accept-loss`, then
+            // start again. Repair only cuts, so what the directory serves after it is still
+            // checked against the same oracle.
+            let repaired = repair_dir_with(dyn_fs.as_ref(), dir, true);
+            let reopened = match repaired {
+                Ok(_) => Engine::open_with_fs(config(dir), Arc::clone(&dyn_fs)),
+                Err(err) => {
+                    *served
+                        .repair
+                        .entry(format!("repair refused: {}", error_key(&err)))
+                        .or_default() += 1;
+                    return Ok(false);
+                }
+            };
+            match reopened {
+                Ok(engine) => {
+                    *served
+                        .repair
+                        .entry("repaired, then opened".into())
+                        .or_default() += 1;
+                    engine
+                }
+                Err(err) => {
+                    let key = format!("repaired, then refused: {}", error_key(&err));
+                    *served.repair.entry(key).or_default() += 1;
+                    return Ok(false);
+                }
+            }
         }
     };
     if let Some(rng) = rot {
@@ -599,6 +622,7 @@ fn fuzz_segments() {
     let deadline = start + Duration::from_secs(secs);
     let mut iter_seed = first_seed;
     let (mut iters, mut opened, mut served) = (0u64, 0u64, Served::default());
+    let mut examples = std::collections::BTreeMap::new();
     while Instant::now() < deadline && iters < max_iters {
         let mut rng = Rng::new(iter_seed);
         let seed = &seeds[rng.below(seeds.len())];
@@ -618,7 +642,8 @@ fn fuzz_segments() {
             steps.push("bit rot after open".into());
         }
         let baseline = (!crc_fixed).then_some(&seed.baseline);
-        match run_image(
+        let repair_before = served.repair.clone();
+        let result = run_image(
             &image,
             Some(seed),
             baseline,
@@ -626,7 +651,16 @@ fn fuzz_segments() {
             stale_index,
             rot,
             &mut served,
-        ) {
+        );
+        // The first directory of each kind that repair left unopenable, for the report.
+        for (key, n) in &served.repair {
+            if key.contains("refused") && repair_before.get(key) != Some(n) {
+                examples
+                    .entry(key.clone())
+                    .or_insert_with(|| format!("seed {iter_seed} ({}): {steps:?}", seed.name));
+            }
+        }
+        match result {
             Ok(true) => opened += 1,
             Ok(false) => {}
             Err(e) => {
@@ -646,10 +680,14 @@ fn fuzz_segments() {
     }
     eprintln!(
         "fuzz_segments: {iters} iterations in {:.1} s, {opened} opened, {} events served and checked; \
-         opens refused: {:?}; reads refused: {:?}",
+         opens refused: {:?}; reads refused: {:?}; repair --accept-loss of refused ones: {:?}",
         start.elapsed().as_secs_f64(),
         served.events,
         served.refused,
-        served.read_errors
+        served.read_errors,
+        served.repair
     );
+    for (key, example) in examples {
+        eprintln!("fuzz_segments: {key}, first at {example}");
+    }
 }
