@@ -5,8 +5,10 @@
 //! segments) and the committed format fixtures (`tests/fixtures/format-v1`, `-v2`; version 1
 //! goes through the upgrade path). Each iteration applies one to four structured mutations
 //! (`fuzz_segments/mutate.rs`), runs `verify`, opens the directory (usually on the in-memory
-//! `FaultyFs`, one iteration in eight on the real file system, where sealed segments are
-//! mmapped; sometimes with the index the seed left, now stale), and then reads every stream
+//! `FaultyFs`, one iteration in eight on the real file system, which sealed segments are read
+//! from as in production; sometimes with the index the seed left, now stale; a directory that
+//! does not open is repaired with `--accept-loss` and opened again), flips bits of the files
+//! in place after some opens (bit rot while serving), and then reads every stream
 //! the index knows, its outcome, a verdict, every session, the stats, and writes and reads
 //! back a new stream. Properties:
 //!
@@ -340,7 +342,7 @@ fn exercise(e: &Engine, oracle: &Oracle<'_>, served: &mut Served) -> Result<(), 
 }
 
 /// Bit rot while the engine is open: flips a few bits of the segment files in place (on
-/// the real file system, under the sealed segments' maps).
+/// the real file system, under the open engine).
 fn rot_in_place(rng: &mut Rng, fs: Option<&FaultyFs>, dir: &Path) {
     use std::os::unix::fs::FileExt;
     let files: Vec<PathBuf> = match fs {
