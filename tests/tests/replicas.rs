@@ -264,32 +264,65 @@ async fn lease_expiry_aborts_the_stream_for_followers() {
 }
 
 /// Keep-alives and appends renew the lease: a live producer is never aborted.
+///
+/// The lease runs on the server's real clock, so a machine that stalls the server (or this
+/// client) for a whole lease may let it run out legitimately. Each renewal happens between
+/// sending a call and its answer, so no two renewals are further apart than the window from
+/// sending the one to the answer of the next. A round whose windows all stay below the
+/// lease (from opening the stream to the final resolve) must end with the stream open; a
+/// round with a longer window proves nothing and is run again on a new stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_renews_the_lease() {
-    const LEASE_MS: u64 = 600;
+    const LEASE: Duration = Duration::from_millis(600);
+    /// Room for the server's millisecond clock and its expiry tick.
+    const MARGIN: Duration = Duration::from_millis(50);
+    const ROUNDS: usize = 5;
     let server = Server::start(&[]);
     let mut c = server.client().await;
-    let (epoch, stream) = open_stream(&mut c, "s", None, Some(LEASE_MS)).await;
-    // Keep-alives back to back (each one answered before the next is sent) until two leases
-    // have passed: without renewal the lease would have run out by then. No pacing timer,
-    // so a busy machine can only make the gaps between renewals the time of one call.
-    let until = Instant::now() + Duration::from_millis(LEASE_MS * 2);
-    let mut renewals = 0_u64;
-    while Instant::now() < until {
-        c.keep_alive(pb::KeepAliveRequest {
-            session: "s".into(),
-            stream,
-        })
-        .await
-        .unwrap();
-        renewals += 1;
+    let mut longest = Vec::new();
+    for _ in 0..ROUNDS {
+        let mut sent = Instant::now();
+        let lease_ms = u64::try_from(LEASE.as_millis()).unwrap();
+        let (epoch, stream) = open_stream(&mut c, "s", None, Some(lease_ms)).await;
+        let opened = Instant::now();
+        let mut window = Duration::ZERO;
+        // Keep-alives back to back (each answered before the next is sent) until two leases
+        // have passed: without renewal the lease would have run out by then.
+        let mut aborted = false;
+        while opened.elapsed() < LEASE * 2 {
+            let previous = sent;
+            sent = Instant::now();
+            let answer = c
+                .keep_alive(pb::KeepAliveRequest {
+                    session: "s".into(),
+                    stream,
+                })
+                .await;
+            window = window.max(previous.elapsed());
+            match answer {
+                Ok(_) => {}
+                Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                    aborted = true;
+                    break;
+                }
+                Err(status) => panic!("keep-alive failed: {status:?}"),
+            }
+        }
+        let r = resolve(&mut c, "s", &format!("{epoch}-{stream}-0"), None).await;
+        window = window.max(sent.elapsed());
+        if window + MARGIN >= LEASE {
+            longest.push(window);
+            continue; // stalled for a lease: this round decides nothing
+        }
+        assert!(!aborted, "aborted although renewed every {window:?}");
+        assert_eq!(
+            (r.verdict(), r.stream_state()),
+            (Verdict::Resumable, StreamState::Open),
+            "renewed at least every {window:?}"
+        );
+        return;
     }
-    assert!(renewals > 2, "only {renewals} keep-alives in two leases");
-    let r = resolve(&mut c, "s", &format!("{epoch}-{stream}-0"), None).await;
-    assert_eq!(
-        (r.verdict(), r.stream_state()),
-        (Verdict::Resumable, StreamState::Open)
-    );
+    panic!("every round stalled for a lease (longest windows {longest:?}): too busy to tell");
 }
 
 /// Advancing the epoch supersedes the stream a follower is on; the follower ends with that.
