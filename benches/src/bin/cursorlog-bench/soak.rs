@@ -71,6 +71,11 @@ pub struct SoakArgs {
     /// With --spawn: the server's `--retention-check-interval-ms`.
     #[arg(long)]
     pub retention_check_interval_ms: Option<u64>,
+    /// Sessions opened before the fleet starts that stay connected for the whole run, each
+    /// holding an idle `Read(follow)` that pins it against the idle TTL. With more than one
+    /// expiry round's worth (1,024) they once starved the expiry of every other session.
+    #[arg(long, default_value_t = 0)]
+    pub pinned_followers: usize,
 }
 
 impl SoakArgs {
@@ -270,6 +275,18 @@ pub async fn run(
             None
         }
     };
+    let pinned = if args.pinned_followers > 0 {
+        let started = Instant::now();
+        let held = fleet.hold_pinned(args.pinned_followers).await?;
+        eprintln!(
+            "soak: {} pinned sessions following idle in {:.1} s",
+            args.pinned_followers,
+            started.elapsed().as_secs_f64()
+        );
+        Some(held)
+    } else {
+        None
+    };
     let t0 = Instant::now();
     let total = cli.warmup + cli.duration;
     let (stop_fleet, stop) = tokio::sync::oneshot::channel();
@@ -331,6 +348,7 @@ pub async fn run(
     // The last sample is taken with the fleet still at full strength; only now it stops.
     let _ = stop_fleet.send(());
     fleet_task.await?;
+    drop(pinned);
 
     let c = &fleet.counters;
     println!(

@@ -174,6 +174,62 @@ impl Fleet {
         while sessions.join_next().await.is_some() {}
     }
 
+    /// Opens `n` sessions that stay connected for the whole run, each with a lease-less
+    /// stream and an idle `Read(follow)` on it that pins the session against the idle TTL
+    /// (clients that keep their standalone GET open for hours). Returns once every follow
+    /// call has its `Resolution`; the calls live in the returned set until it is dropped.
+    pub async fn hold_pinned(self: &Arc<Self>, n: usize) -> Result<JoinSet<()>, String> {
+        const IN_FLIGHT: usize = 64;
+        let before = self.counters.followers_open.load(Ordering::Relaxed);
+        let mut opening = JoinSet::new();
+        let mut held = JoinSet::new();
+        for i in 0..n {
+            let fleet = Arc::clone(self);
+            let mut client = self.clients[i % self.clients.len().max(1)].clone();
+            opening.spawn(async move {
+                let session = format!("{}-pinned-{i}", fleet.cfg.prefix);
+                let epoch = client
+                    .open_session(pb::OpenSessionRequest {
+                        session: session.clone(),
+                        state: None,
+                    })
+                    .await
+                    .map_err(|s| format!("OpenSession (pinned): {}", status_text(&s)))?
+                    .into_inner()
+                    .epoch;
+                let stream = fleet
+                    .open_stream(&mut client, &session, epoch, None)
+                    .await
+                    .ok_or("OpenStream (pinned) failed")?;
+                Ok::<_, String>((fleet, client, session, epoch, stream))
+            });
+            while opening.len() >= IN_FLIGHT || (i + 1 == n && !opening.is_empty()) {
+                let Some(done) = opening.join_next().await else {
+                    break;
+                };
+                let (fleet, client, session, epoch, stream) =
+                    done.map_err(|e| format!("pinned session task: {e}"))??;
+                held.spawn(async move {
+                    let seen = AtomicU64::new(0);
+                    fleet.follow(client, &session, epoch, stream, &seen).await;
+                });
+            }
+        }
+        let want = before + n as u64;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.counters.followers_open.load(Ordering::Relaxed) < want {
+            if Instant::now() > deadline || self.counters.errors.load(Ordering::Relaxed) > 0 {
+                return Err(format!(
+                    "only {} of {n} pinned follow calls started: {:?}",
+                    self.counters.followers_open.load(Ordering::Relaxed) - before,
+                    self.first_errors()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(held)
+    }
+
     /// One client's whole life.
     async fn session(self: Arc<Self>, mut client: Client, n: u64) {
         let started = Instant::now();
