@@ -314,9 +314,10 @@ fn replay_segment<S: FrameSource>(
     if end.last_lsn + 1 != next_base {
         return Err(seg.corruption(
             end.valid_end,
+            // The next segment should start where this one ends; it starts elsewhere.
             CorruptionKind::LsnGap {
-                expected: next_base,
-                got: end.last_lsn + 1,
+                expected: end.last_lsn + 1,
+                got: next_base,
             },
         ));
     }

@@ -9,13 +9,22 @@ use std::path::{Path, PathBuf};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{decode_segment_header, legacy_v1, segment_version, INDEX_DIR};
 use crate::fs::{FileSystem, StdFs};
-use crate::log::frames::{classify_tail, walk, TailDamage, WalkEnd};
+use crate::log::frames::{classify_tail, walk, Step, TailDamage, WalkEnd};
 use crate::log::{header_error, list_segments};
+use crate::record::Record;
 
 /// Walks a current-format segment image and says whether damage at its end is a torn,
-/// unsynced write (what recovery cuts) rather than damage to synced data.
+/// unsynced write (what recovery cuts) rather than damage to synced data. A frame whose body
+/// does not decode is damage here as it is in recovery's replay (which would refuse it).
 fn walk_image(bytes: &[u8], base: u64) -> Result<(WalkEnd, bool)> {
-    let end = walk(&mut &bytes[..], base, |_| Ok(Ok(())))?;
+    let end = walk(&mut &bytes[..], base, |step| {
+        if let Step::Frame(f) = step {
+            if let Err(why) = Record::decode(f.header.record_type, f.body) {
+                return Ok(Err(CorruptionKind::BadBody(why)));
+            }
+        }
+        Ok(Ok(()))
+    })?;
     let torn = !matches!(classify_tail(bytes, &end), TailDamage::Synced { .. });
     Ok((end, torn))
 }
@@ -222,6 +231,8 @@ pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Re
     let found = list_segments(fs, dir)?;
     let mut report = RepairReport::default();
     let count = found.len();
+    // The LSN the next segment must start at, as the previous intact one ends.
+    let mut expected_base: Option<u64> = None;
     for (i, (base, path)) in found.iter().enumerate() {
         let bytes = fs
             .read(path)
@@ -229,8 +240,26 @@ pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Re
         let is_tail = i + 1 == count;
         let (cut_at, kind) = match decode_segment_header(&bytes) {
             Err(e) => (0, header_kind(path, e)),
+            // A header that names another LSN than the file, or a segment that does not
+            // start where the previous one ended (a segment file is missing): open refuses
+            // both, so nothing from here on is reachable.
+            Ok(h) if h.base_lsn != *base => (
+                0,
+                CorruptionKind::LsnGap {
+                    expected: *base,
+                    got: h.base_lsn,
+                },
+            ),
+            Ok(_) if expected_base.is_some_and(|e| e != *base) => (
+                0,
+                CorruptionKind::LsnGap {
+                    expected: expected_base.unwrap_or(*base),
+                    got: *base,
+                },
+            ),
             Ok(_) => {
                 let (end, torn) = walk_image(&bytes, *base)?;
+                expected_base = Some(end.last_lsn + 1);
                 match end.damage {
                     None => continue,
                     Some((offset, kind)) => {
@@ -251,6 +280,19 @@ pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Re
                 }
             }
         };
+        let gap = matches!(kind, CorruptionKind::LsnGap { .. });
+        if gap {
+            // Every record of this segment is complete and valid, yet unreachable.
+            if !accept_loss {
+                return Err(Error::Corruption {
+                    segment: path.clone(),
+                    offset: 0,
+                    kind,
+                });
+            }
+            report.records_dropped +=
+                count_valid_after(&bytes, crate::format::SEGMENT_HEADER_BYTES as u64, 0);
+        }
         if cut_at == 0 && !is_tail && !accept_loss {
             return Err(Error::Corruption {
                 segment: path.clone(),

@@ -190,3 +190,57 @@ fn repair_refuses_a_directory_in_use() {
         "free again once closed"
     );
 }
+
+/// A segment file missing from the middle of the log (found by the fuzzer): verify calls it
+/// corrupt and open refuses it (an LSN gap). Repair must not say "nothing to repair": it
+/// refuses without `--accept-loss`, and with it cuts the log at the gap so the directory
+/// opens again.
+#[test]
+fn a_missing_segment_is_refused_then_cut_at_the_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let (epoch, stream) = populate(dir.path(), 120);
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 3, "{segs:?}");
+    std::fs::remove_file(&segs[1]).unwrap();
+    // Without an index, open replays every segment and finds the gap.
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    assert!(!verify_dir(dir.path()).unwrap().ok());
+    assert!(Engine::open(config(dir.path())).is_err());
+    match repair_dir(dir.path(), false) {
+        Err(Error::Corruption {
+            kind: CorruptionKind::LsnGap { .. },
+            ..
+        }) => {}
+        other => panic!("expected a refused LSN gap, got {other:?}"),
+    }
+    let r = repair_dir(dir.path(), true).unwrap();
+    assert!(r.records_dropped > 0, "{r}");
+    assert_eq!(r.deleted.len(), segs.len() - 2, "{r}");
+    assert!(verify_dir(dir.path()).unwrap().ok());
+    let e = Engine::open(config(dir.path())).unwrap();
+    // The first segment's events are still served, and the lost ones are not resumable.
+    let r = e
+        .resolve("s", &Cursor::new(epoch, stream, 1).to_string(), None)
+        .unwrap();
+    assert_ne!(r.verdict, Verdict::UnknownSession);
+}
+
+/// A segment header that names another LSN than its file name: the same.
+#[test]
+fn a_header_naming_another_lsn_is_refused_then_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    populate(dir.path(), 120);
+    let segs = segments(dir.path());
+    let last = segs.last().unwrap();
+    let mut bytes = std::fs::read(last).unwrap();
+    // base_lsn is bytes 16..24 of the header; the header CRC (bytes 60..64) covers 0..60.
+    bytes[16] ^= 0x01;
+    let crc = crc32fast::hash(&bytes[..60]);
+    bytes[60..64].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(last, bytes).unwrap();
+    assert!(Engine::open(config(dir.path())).is_err());
+    assert!(repair_dir(dir.path(), false).is_err());
+    let r = repair_dir(dir.path(), true).unwrap();
+    assert_eq!(r.deleted, vec![last.clone()], "{r}");
+    Engine::open(config(dir.path())).unwrap();
+}
