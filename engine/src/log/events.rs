@@ -37,41 +37,36 @@ impl Kinds {
     }
 }
 
-/// The buffer holding bytes `offset .. offset + need` (unless the segment's written bytes
-/// end first) and where `offset` is in it: the read-ahead window, or, when the window ran
-/// into the end of a file cut short under us, just these bytes, so the frames before the
-/// cut are still served and only the range past it is [`CorruptionKind::Truncated`].
-fn bytes_at(
-    seg: &Segment,
-    ahead: &mut ReadAhead,
-    offset: u64,
-    need: u64,
-) -> Result<(Bytes, usize)> {
-    match ahead.window(seg, offset, need) {
-        Ok((bytes, from)) => Ok((bytes.clone(), from)),
-        Err(Error::Corruption {
+/// After a read-ahead window failed with `e`: when the window ran into the end of a file cut
+/// short under us but `offset .. offset + need` is still there, just those bytes, so the
+/// frames before the cut are still served and only the range past it is
+/// [`CorruptionKind::Truncated`]; otherwise `e`.
+fn before_the_cut(seg: &Segment, offset: u64, need: u64, e: Error) -> Result<Bytes> {
+    match e {
+        Error::Corruption {
             kind:
                 CorruptionKind::Truncated {
                     file_len: Some(end),
                     ..
                 },
             ..
-        }) if offset.saturating_add(need) <= end => {
+        } if offset.saturating_add(need) <= end => {
             let len = need.min(seg.len().saturating_sub(offset));
-            Ok((Bytes::from(seg.read_at(offset, len)?), 0))
+            Ok(Bytes::from(seg.read_at(offset, len)?))
         }
-        Err(e) => Err(e),
+        e => Err(e),
     }
 }
 
 /// Length of the frame at `offset`, from its header (the frames skipped on the way to the
 /// first requested one are not returned, so their CRC is not checked).
 pub(crate) fn frame_len_at(seg: &Segment, ahead: &mut ReadAhead, offset: u64) -> Result<u64> {
-    let (bytes, from) = bytes_at(seg, ahead, offset, FRAME_HEADER_BYTES as u64)?;
-    bytes
-        .get(from..)
-        .and_then(frame_len_in)
-        .ok_or_else(|| frame_error(seg, offset, bad_length(0)))
+    let need = FRAME_HEADER_BYTES as u64;
+    let len = match ahead.window(seg, offset, need) {
+        Ok((bytes, from)) => bytes.get(from..).and_then(frame_len_in),
+        Err(e) => frame_len_in(&before_the_cut(seg, offset, need, e)?),
+    };
+    len.ok_or_else(|| frame_error(seg, offset, bad_length(0)))
 }
 
 /// Reads and checks the frame at `offset`, which must be event `seq` of `stream`; returns it
@@ -92,7 +87,14 @@ pub(crate) fn read_frame_at(
 ) -> Result<(Event, u64)> {
     let len = frame_len_at(seg, ahead, offset)?;
     // The frame's bytes and the buffer they are in, which the payload will share.
-    let (source, from) = bytes_at(seg, ahead, offset, len)?;
+    let cut_short;
+    let (source, from) = match ahead.window(seg, offset, len) {
+        Ok(window) => window,
+        Err(e) => {
+            cut_short = before_the_cut(seg, offset, len, e)?;
+            (&cut_short, 0)
+        }
+    };
     let frame = usize::try_from(len)
         .ok()
         .and_then(|n| source.get(from..from.checked_add(n)?));
