@@ -226,7 +226,7 @@ pub fn repair_dir(dir: &Path, accept_loss: bool) -> Result<RepairReport> {
 /// # Errors
 /// As [`repair_dir`].
 pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Result<RepairReport> {
-    // Truncating a segment under a running engine would cut files it serves (and maps).
+    // Truncating a segment under a running engine would cut files it serves.
     let _lock = crate::recovery::lock_dir(dir)?;
     let found = list_segments(fs, dir)?;
     let mut report = RepairReport::default();
