@@ -93,6 +93,11 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop_threads();
+        // The directory lock is a `flock`, owned by the open file description: a child
+        // process forked elsewhere in this process (and not yet exec'd) holds a copy of the
+        // descriptor, and would keep the lock past this drop. Release it explicitly, so a
+        // reopen right after a close is never refused as `Locked`.
+        let _ = self._lock.unlock();
     }
 }
 
