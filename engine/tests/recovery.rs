@@ -768,8 +768,8 @@ fn corruption_kind_lsn_gap_from_a_missing_middle_segment() {
     assert_eq!(
         corruption(r, &prev_in_copy, prev_end),
         CorruptionKind::LsnGap {
-            expected: next_base,
-            got: prev_frames.last().unwrap().lsn + 1
+            expected: prev_frames.last().unwrap().lsn + 1,
+            got: next_base
         }
     );
     let v = verify_dir(copy.path()).unwrap();
