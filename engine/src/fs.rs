@@ -1,7 +1,7 @@
 //! The file-system seam: every byte the log writes or reads goes through [`FileSystem`], so
 //! tests can swap in a fault-injecting twin (`FaultyFs` in `fs/faulty.rs`, feature `testing`).
 //!
-//! Only this module (and `mmap.rs`, for maps) touches OS file APIs for segments. The sled
+//! Only this module touches OS file APIs for segments (no segment is memory-mapped). The sled
 //! index and the directory lock use the real file system always.
 
 use std::fmt::Debug;
@@ -10,8 +10,6 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use crate::mmap::SegmentMap;
 
 /// One open segment file.
 pub trait SegmentFile: Send + Sync + Debug {
@@ -35,11 +33,6 @@ pub trait SegmentFile: Send + Sync + Debug {
     /// # Errors
     /// OS errors.
     fn set_len_and_sync(&self, len: u64) -> io::Result<()>;
-    /// A read-only map of the whole file, where the file system supports it.
-    ///
-    /// # Errors
-    /// OS errors.
-    fn map(&self) -> io::Result<Option<SegmentMap>>;
 }
 
 /// Directory-level operations and file opening.
@@ -128,10 +121,6 @@ impl SegmentFile for StdFile {
     fn set_len_and_sync(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)?;
         self.0.sync_all()
-    }
-
-    fn map(&self) -> io::Result<Option<SegmentMap>> {
-        SegmentMap::map(&self.0).map(Some)
     }
 }
 

@@ -49,7 +49,6 @@ mod leases;
 mod log;
 mod lost;
 mod mailbox;
-mod mmap;
 mod read;
 mod record;
 mod recovery;
@@ -76,7 +75,6 @@ pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};
 #[cfg(feature = "testing")]
 pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
-pub use mmap::SegmentMap;
 pub use read::Follower;
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cursorlog_engine::{FileSystem, SegmentFile, SegmentMap, StdFs};
+use cursorlog_engine::{FileSystem, SegmentFile, StdFs};
 
 /// `EIO` ("Input/output error") on Linux and the BSDs.
 const EIO: i32 = 5;
@@ -71,10 +71,6 @@ impl SegmentFile for FaultFile {
 
     fn set_len_and_sync(&self, len: u64) -> io::Result<()> {
         self.inner.set_len_and_sync(len)
-    }
-
-    fn map(&self) -> io::Result<Option<SegmentMap>> {
-        self.inner.map()
     }
 }
 

@@ -4,8 +4,8 @@
 //! page cache is bounded), so RSS should stay flat as the log grows.
 //!
 //! Besides the total it splits the resident set (from `/proc/self/status` and
-//! `/proc/self/smaps`) into anonymous memory (`RssAnon`), file-backed memory (`RssFile`: the
-//! memory-mapped sealed segments and sled's files) and the main heap (`[heap]`, brk; other
+//! `/proc/self/smaps`) into anonymous memory (`RssAnon`), file-backed memory (`RssFile`: sled's
+//! mapped files; segments are not mapped) and the main heap (`[heap]`, brk; other
 //! threads' glibc malloc arenas are anonymous mappings), and at the end lists the mappings
 //! with the most resident memory, so a step in RSS can be attributed.
 //!

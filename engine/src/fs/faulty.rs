@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{FileSystem, SegmentFile};
-use crate::mmap::SegmentMap;
 
 /// A fault to inject at a chosen operation (a write, a sync, a truncation, an unlink, a
 /// rename, a directory sync).
@@ -413,18 +412,6 @@ impl SegmentFile for FaultyFile {
             img.durable = img.written.clone();
         }
         Ok(())
-    }
-
-    fn map(&self) -> io::Result<Option<SegmentMap>> {
-        let s = self.fs.lock();
-        if s.dead {
-            return Err(dead());
-        }
-        let img = s
-            .files
-            .get(&self.path)
-            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-        Ok(Some(SegmentMap::in_memory(img.written.clone())))
     }
 }
 
