@@ -278,6 +278,36 @@ impl Follower {
         Ok(Some(batch.events))
     }
 
+    /// As [`Follower::poll`], but delivers only the first events `keep` accepts, called on
+    /// each in order (the first event is delivered whatever it says); the position stays
+    /// after the last event delivered, so the next poll reads the rest again. For a caller
+    /// that must not hold more than it can pass on (a reader whose client stopped reading).
+    ///
+    /// # Errors
+    /// As [`Follower::poll`].
+    pub fn poll_while(
+        &mut self,
+        max_events: u32,
+        mut keep: impl FnMut(&Event) -> bool,
+    ) -> Result<Option<Vec<Event>>> {
+        let Some(mut events) = self.poll(max_events)? else {
+            return Ok(None);
+        };
+        let n = events
+            .iter()
+            .enumerate()
+            .take_while(|(i, e)| keep(e) || *i == 0)
+            .count();
+        if n < events.len() {
+            events.truncate(n);
+            if let Some(last) = events.last() {
+                self.after = last.seq;
+            }
+            self.done = false;
+        }
+        Ok(Some(events))
+    }
+
     /// Waits until a commit touched the stream since the last [`Follower::poll`] began.
     ///
     /// # Errors

@@ -150,6 +150,64 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, wait at most this many seconds for in-flight calls to finish.
     #[arg(long, env = "CURSORLOG_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// Most client connections served at once; one more is closed as soon as it is accepted
+    /// (health has its own room: see --connections-reserved).
+    #[arg(
+        long,
+        env = "CURSORLOG_CONNECTIONS_MAX",
+        default_value_t = 4096,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub connections_max: u32,
+    /// Connections accepted beyond --connections-max that may only call the gRPC health
+    /// service (every other call on them is RESOURCE_EXHAUSTED), so probes get in while the
+    /// server is full. The metrics page has its own listener.
+    #[arg(long, env = "CURSORLOG_CONNECTIONS_RESERVED", default_value_t = 8)]
+    pub connections_reserved: u32,
+    /// Close a connection whose HTTP/2 preface (or, with TLS, whose TLS handshake) has not
+    /// arrived this many seconds after it was accepted.
+    #[arg(
+        long,
+        env = "CURSORLOG_HANDSHAKE_TIMEOUT_SECS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub handshake_timeout_secs: u64,
+    /// Send an HTTP/2 PING on every connection this often; 0 sends none.
+    #[arg(long, env = "CURSORLOG_HTTP2_KEEPALIVE_INTERVAL_SECS", default_value_t = 30)]
+    pub http2_keepalive_interval_secs: u64,
+    /// Close a connection whose peer has not answered a keepalive PING within this many
+    /// seconds (a dead peer, or one that stopped reading).
+    #[arg(
+        long,
+        env = "CURSORLOG_HTTP2_KEEPALIVE_TIMEOUT_SECS",
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub http2_keepalive_timeout_secs: u64,
+    /// Bytes of responses one Read call may hold while its client is not reading; the call
+    /// then pauses (reads nothing more from the log) until the client reads again.
+    #[arg(
+        long,
+        env = "CURSORLOG_READ_BUFFER_BYTES",
+        default_value_t = 64 * 1024,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub read_buffer_bytes: u32,
+    /// Bytes of responses all Read calls together may hold; when they are spent, Read calls
+    /// pause until clients read.
+    #[arg(
+        long,
+        env = "CURSORLOG_READ_BUFFER_BYTES_TOTAL",
+        default_value_t = 256 * 1024 * 1024,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub read_buffer_bytes_total: u64,
+    /// Stay up, read-only, when the storage engine is poisoned (a failed write or fsync), for
+    /// an operator to look at. By default a poisoned server drains and exits with status 1
+    /// by itself, so a plain `Restart=on-failure` supervisor recovers it.
+    #[arg(long, env = "CURSORLOG_STAY_UP_WHEN_POISONED")]
+    pub stay_up_when_poisoned: bool,
     /// Log line format on stderr.
     #[arg(long, env = "CURSORLOG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

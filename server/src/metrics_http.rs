@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::auth::BearerToken;
+use crate::connections::Connections;
 use crate::metrics::Metrics;
 
 /// Largest request head read, in bytes; anything longer is refused.
@@ -29,6 +30,7 @@ pub async fn serve(
     listener: TcpListener,
     engine: Engine,
     metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
     token: Option<BearerToken>,
 ) {
     let token = Arc::new(token);
@@ -37,10 +39,15 @@ pub async fn serve(
         |(socket, peer)| {
             let engine = engine.clone();
             let metrics = Arc::clone(&metrics);
+            let connections = Arc::clone(&connections);
             let token = Arc::clone(&token);
             tokio::spawn(async move {
-                if let Err(err) = respond(socket, &engine, &metrics, token.as_ref().as_ref()).await
-                {
+                let page = Page {
+                    engine: &engine,
+                    metrics: &metrics,
+                    connections: &connections,
+                };
+                if let Err(err) = respond(socket, &page, token.as_ref().as_ref()).await {
                     tracing::debug!(%peer, error = %err, "metrics: request failed");
                 }
             });
@@ -83,11 +90,17 @@ where
     }
 }
 
+/// What the metrics page is made of.
+struct Page<'a> {
+    engine: &'a Engine,
+    metrics: &'a Metrics,
+    connections: &'a Connections,
+}
+
 /// Reads one request head and answers it.
 async fn respond(
     mut socket: TcpStream,
-    engine: &Engine,
-    metrics: &Metrics,
+    page: &Page<'_>,
     token: Option<&BearerToken>,
 ) -> io::Result<()> {
     let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut socket)).await {
@@ -104,11 +117,16 @@ async fn respond(
         }
     }
     let stats = {
-        let engine = engine.clone();
+        let engine = page.engine.clone();
         tokio::task::spawn_blocking(move || engine.stats()).await
     };
     match stats {
-        Ok(Ok(stats)) => reply(&mut socket, "200 OK", &metrics.render(&stats)).await,
+        Ok(Ok(stats)) => {
+            let mut text = page.metrics.render(&stats);
+            text.push_str(&page.connections.render());
+            text.push_str(&page.metrics.reads.buffers().render());
+            reply(&mut socket, "200 OK", &text).await
+        }
         Ok(Err(err)) => {
             tracing::warn!(error = %err, "metrics: engine stats failed");
             reply(&mut socket, "503 Service Unavailable", "").await

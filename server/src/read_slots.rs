@@ -10,22 +10,42 @@ use std::sync::Arc;
 
 use tonic::Status;
 
+use crate::read_pipe::ReadBuffers;
+
+/// Default `--read-buffer-bytes`.
+const BUFFER_BYTES_DEFAULT: u32 = 64 * 1024;
+/// Default `--read-buffer-bytes-total`.
+const BUFFER_BYTES_TOTAL_DEFAULT: u64 = 256 * 1024 * 1024;
+
 /// The slots and their counters.
 #[derive(Debug)]
 pub struct ReadSlots {
     max: u64,
     active: AtomicU64,
     refused: AtomicU64,
+    buffers: Arc<ReadBuffers>,
 }
 
 impl ReadSlots {
-    /// `max` slots (at least one).
+    /// `max` slots (at least one), with the default response buffers.
     pub fn new(max: u32) -> Arc<Self> {
+        Self::with_buffers(max, BUFFER_BYTES_DEFAULT, BUFFER_BYTES_TOTAL_DEFAULT)
+    }
+
+    /// `max` slots (at least one); each call may buffer `buffer_bytes` of responses for its
+    /// client, all calls together `buffer_bytes_total` (see [`crate::read_pipe`]).
+    pub fn with_buffers(max: u32, buffer_bytes: u32, buffer_bytes_total: u64) -> Arc<Self> {
         Arc::new(Self {
             max: u64::from(max.max(1)),
             active: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            buffers: ReadBuffers::new(buffer_bytes, buffer_bytes_total),
         })
+    }
+
+    /// The response buffers of every Read call.
+    pub fn buffers(&self) -> &Arc<ReadBuffers> {
+        &self.buffers
     }
 
     /// A slot, or RESOURCE_EXHAUSTED (counted as refused) when all are taken.

@@ -1,16 +1,21 @@
 //! The producer side of a `Read` call: replay from the cursor in bounded batches, then
 //! (with `follow`) deliver live events until the stream ends, pushing messages into the
-//! call's bounded channel. It holds the call's [`ReadSlot`] until it ends.
+//! call's pipe, bounded in bytes ([`crate::read_pipe`]). It reads from the log only as much
+//! as the pipe has room for, so a client that stops reading pauses its call at the cost of
+//! one small buffer, and is fed from the log when it reads again. It holds the call's
+//! [`ReadSlot`] until it ends.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cursorlog_engine::{self as engine, Cursor, Engine, Verdict};
 use cursorlog_proto::v1 as pb;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tonic::Status;
 
 use crate::convert;
 use crate::metrics::Metrics;
+use crate::read_pipe::PipeTx;
 use crate::read_slots::ReadSlot;
 use crate::service::{run_blocking, run_engine, shutting_down};
 use crate::status;
@@ -24,10 +29,40 @@ pub(crate) struct Reader {
     pub(crate) engine: Engine,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) shutdown: watch::Receiver<bool>,
-    pub(crate) tx: mpsc::Sender<Result<pb::ReadResponse, Status>>,
+    pub(crate) tx: PipeTx,
     pub(crate) session: String,
     pub(crate) batch_events_max: u32,
     pub(crate) batch_bytes_max: usize,
+    /// The largest event sent so far, in wire bytes (0 before the first): how many events
+    /// fit the pipe's room is estimated from it.
+    pub(crate) largest_event: AtomicUsize,
+}
+
+/// The size counted for a message that carries no events.
+const CONTROL_MESSAGE_BYTES: usize = 64;
+
+/// How much the next read from the log may bring.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    /// Events to ask for.
+    events: u32,
+    /// Bytes of events to keep (the pipe's room); always at least one event.
+    bytes: usize,
+}
+
+impl Budget {
+    /// How many of `events`, from the first, to keep.
+    fn fits(&self, events: &[engine::Event]) -> usize {
+        let mut used = 0_usize;
+        events
+            .iter()
+            .enumerate()
+            .take_while(|(i, e)| {
+                used += convert::event_wire_bytes(e);
+                used <= self.bytes || *i == 0
+            })
+            .count()
+    }
 }
 
 /// Why a Read producer stopped early.
@@ -82,9 +117,10 @@ impl Reader {
             // Replay what is stored, in bounded reads, until caught up with the head.
             loop {
                 let session = self.session.clone();
-                let max = self.batch_events_max;
+                let budget = self.budget().await?;
+                let max = budget.events;
                 let read = run_engine(&self.engine, move |e| e.read(&session, stream, after, max));
-                let batch = match read.await {
+                let mut batch = match read.await {
                     Ok(Ok(batch)) => batch,
                     Ok(Err(engine::Error::Evicted { watermark, .. })) if resume_own => {
                         after = self.skip_gap(epoch, stream, after, watermark).await?;
@@ -93,6 +129,12 @@ impl Reader {
                     Ok(Err(err)) => return self.send(Err(status::from_engine(&err))).await,
                     Err(status) => return self.send(Err(status)).await,
                 };
+                // Keep what the pipe has room for; the rest is read again next time.
+                let fits = budget.fits(&batch.events);
+                if fits < batch.events.len() {
+                    batch.events.truncate(fits);
+                    batch.end_of_stream = false;
+                }
                 let caught_up = batch.events.is_empty()
                     || batch.events.last().is_some_and(|e| e.seq >= batch.head);
                 if let Some(last) = batch.events.last() {
@@ -117,10 +159,15 @@ impl Reader {
                 Err(status) => return self.send(Err(status)).await,
             };
             loop {
-                // Catch up off the async workers: the read runs on the blocking pool.
-                let max = self.batch_events_max;
+                // Catch up off the async workers: the read runs on the blocking pool; no more
+                // than the pipe has room for (waiting, paused, while the client is not reading).
+                let budget = self.budget().await?;
                 let polled = tokio::task::spawn_blocking(move || {
-                    let batch = follower.poll(max);
+                    let mut used = 0_usize;
+                    let batch = follower.poll_while(budget.events, |event| {
+                        used += convert::event_wire_bytes(event);
+                        used <= budget.bytes
+                    });
                     (follower, batch)
                 })
                 .await;
@@ -172,10 +219,26 @@ impl Reader {
     /// The server (or the engine) is shutting down: tell the client, best effort (a client
     /// that is not reading does not delay the shutdown).
     fn shut_down(&self) -> Result<(), Stop> {
-        let _ = self
-            .tx
-            .try_send(Err(Status::unavailable("server is shutting down")));
+        self.tx
+            .send_now(Err(Status::unavailable("server is shutting down")));
         Ok(())
+    }
+
+    /// What to read next: as many events as the pipe has room for, estimated from the
+    /// largest event sent so far (one before any was sent, and at least one), and the room
+    /// itself, which bounds what is kept of the read. Waits, paused, until the client has read
+    /// at least half of what the pipe holds.
+    async fn budget(&self) -> Result<Budget, Stop> {
+        let bytes = self.tx.room().await.map_err(|_| Stop::ClientGone)?;
+        let largest = self.largest_event.load(Ordering::Relaxed);
+        let fit = match largest {
+            0 => 1,
+            n => u32::try_from(bytes / n).unwrap_or(u32::MAX),
+        };
+        Ok(Budget {
+            events: fit.clamp(1, self.batch_events_max.max(1)),
+            bytes,
+        })
     }
 
     /// Events `after + 1 .. watermark` were evicted: says so with a `gap`, except that a
@@ -223,22 +286,26 @@ impl Reader {
         let mut batch_bytes = 0_usize;
         for event in events {
             let bytes = convert::event_wire_bytes(&event);
+            self.largest_event.fetch_max(bytes, Ordering::Relaxed);
             if !batch.is_empty() && batch_bytes + bytes > self.batch_bytes_max {
                 let full = std::mem::take(&mut batch);
-                batch_bytes = 0;
-                self.send(Ok(pb::read_response::Item::Events(pb::EventBatch {
-                    events: full,
-                })))
-                .await?;
+                let full_bytes = std::mem::take(&mut batch_bytes);
+                let item = pb::read_response::Item::Events(pb::EventBatch { events: full });
+                self.send_sized(Ok(item), full_bytes).await?;
             }
             batch_bytes += bytes;
+            // A payload read from the log shares its read-ahead window (256 KiB) with the
+            // events read beside it: copied out, a message waiting in the pipe for a client
+            // that stopped reading holds its own bytes only, not the whole window.
+            let event = engine::Event {
+                payload: event.payload.to_vec().into(),
+                ..event
+            };
             batch.push(convert::event(epoch, event));
         }
         if !batch.is_empty() {
-            self.send(Ok(pb::read_response::Item::Events(pb::EventBatch {
-                events: batch,
-            })))
-            .await?;
+            let item = pb::read_response::Item::Events(pb::EventBatch { events: batch });
+            self.send_sized(Ok(item), batch_bytes).await?;
         }
         Ok(())
     }
@@ -282,7 +349,19 @@ impl Reader {
     }
 
     async fn send(&self, item: Result<pb::read_response::Item, Status>) -> Result<(), Stop> {
+        self.send_sized(item, CONTROL_MESSAGE_BYTES).await
+    }
+
+    /// Sends a message of about `bytes` bytes, waiting (paused) for room in the pipe.
+    async fn send_sized(
+        &self,
+        item: Result<pb::read_response::Item, Status>,
+        bytes: usize,
+    ) -> Result<(), Stop> {
         let message = item.map(|item| pb::ReadResponse { item: Some(item) });
-        self.tx.send(message).await.map_err(|_| Stop::ClientGone)
+        self.tx
+            .send(message, bytes)
+            .await
+            .map_err(|_| Stop::ClientGone)
     }
 }

@@ -7,7 +7,14 @@
 //! failed write or fsync) makes the exit status 1, so a supervisor restarts the server.
 //!
 //! A poisoned engine also turns health NOT_SERVING at once (overall and for
-//! `cursorlog.v1.CursorLog`), sets `cursorlog_poisoned 1` and logs what to do.
+//! `cursorlog.v1.CursorLog`), sets `cursorlog_poisoned 1` and logs what to do. Then, unless
+//! `--stay-up-when-poisoned`, the server shuts down by itself as on SIGTERM, giving in-flight
+//! calls at most [`POISON_DRAIN`] (a poisoned engine serves reads only), and exits with status
+//! 1: a plain `Restart=on-failure` supervisor restarts it, and recovery repairs the log.
+//!
+//! Connections are bounded ([`crate::connections`]): a cap with a reserve for health probes,
+//! a deadline for the HTTP/2 preface, HTTP/2 keepalive, an accept loop that backs off when
+//! descriptors run out, and the soft descriptor limit raised to the hard one at start.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -20,23 +27,27 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::server::NamedService;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Status};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::auth::BearerToken;
+use crate::connections::{self, Connections};
 use crate::exposure;
 use crate::fault::FailFsyncAfter;
 use crate::frame_limit::FrameLimit;
 use crate::metrics::Metrics;
 use crate::metrics_http;
+use crate::read_slots::ReadSlots;
 use crate::service::CursorLogService;
 use crate::ServeArgs;
 
 /// Headroom above the payload limit for the rest of an append message, in bytes.
 const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+/// How long a poisoned server waits for in-flight calls before it exits (at most the
+/// shutdown grace period).
+const POISON_DRAIN: Duration = Duration::from_secs(5);
 
 /// Runs the server until a shutdown signal; the process exit status.
 pub fn run(args: ServeArgs) -> ExitCode {
@@ -133,17 +144,61 @@ fn check_bearer(expected: Option<&BearerToken>, request: &Request<()>) -> Result
 }
 
 /// Flips health to NOT_SERVING the moment the engine is poisoned, and says what to do.
-async fn watch_poison(mut poisoned: watch::Receiver<bool>, health: HealthReporter) {
+async fn watch_poison(mut poisoned: watch::Receiver<bool>, health: HealthReporter, stay_up: bool) {
     if poisoned.wait_for(|p| *p).await.is_err() {
         return; // The engine is gone: shutting down.
     }
     set_health(&health, ServingStatus::NotServing).await;
+    let next = if stay_up {
+        "--stay-up-when-poisoned: the server stays up, read-only, until an operator restarts \
+         it; it exits non-zero on SIGTERM so a supervisor restarts it"
+    } else {
+        "The server now drains in-flight calls and exits with status 1 by itself (pass \
+         --stay-up-when-poisoned to keep it up, read-only, for an operator)"
+    };
     tracing::error!(
         "the storage engine is POISONED: a write or fsync failed, so every write is refused \
          (UNAVAILABLE) and health is NOT_SERVING. Check the disk (dmesg, SMART, free space), \
          then restart cursorlog: recovery repairs the log, and everything acknowledged before \
-         the failure is kept. The process exits non-zero on SIGTERM so a supervisor restarts it"
+         the failure is kept. {next}"
     );
+}
+
+/// Resolves once the engine is poisoned, unless the operator asked the server to stay up;
+/// never when the engine closes first.
+async fn poisoned(mut poisoned: watch::Receiver<bool>, stay_up: bool) {
+    if stay_up || poisoned.wait_for(|p| *p).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The HTTP/2 keepalive interval the flags ask for (`None`: no pings).
+fn keepalive_interval(args: &ServeArgs) -> Option<Duration> {
+    (args.http2_keepalive_interval_secs > 0)
+        .then(|| Duration::from_secs(args.http2_keepalive_interval_secs))
+}
+
+/// Raises the soft descriptor limit to the hard one, and says so.
+fn raise_descriptor_limit() {
+    match connections::raise_descriptor_limit() {
+        Ok((before, after)) if before != after => tracing::info!(
+            "raised the soft descriptor limit (RLIMIT_NOFILE) from {} to the hard limit {}",
+            limit_text(before),
+            limit_text(after)
+        ),
+        Ok((_, after)) => tracing::info!(
+            "descriptor limit (RLIMIT_NOFILE): {} (the hard limit)",
+            limit_text(after)
+        ),
+        Err(err) => tracing::warn!(
+            error = %err,
+            "cannot raise the soft descriptor limit (RLIMIT_NOFILE) to the hard one"
+        ),
+    }
+}
+
+fn limit_text(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
 }
 
 /// Sets the overall health and the cursorlog service's.
@@ -209,13 +264,18 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 .map_err(|e| format!("cannot read --tls-cert {}: {e}", cert.display()))?;
             let key = std::fs::read(key)
                 .map_err(|e| format!("cannot read --tls-key {}: {e}", key.display()))?;
-            Some(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
+            Some(
+                ServerTlsConfig::new()
+                    .identity(Identity::from_pem(cert, key))
+                    .timeout(Duration::from_secs(args.handshake_timeout_secs)),
+            )
         }
         _ => None,
     };
     // Install the signal handlers before anything slow, so an early SIGTERM is not fatal.
     let signal = tokio::spawn(shutdown_signal());
 
+    raise_descriptor_limit();
     let engine = open_engine(&args, config).await?;
     let listener = TcpListener::bind(args.listen)
         .await
@@ -224,7 +284,18 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("listen address: {e}"))?;
 
-    let metrics = Arc::new(Metrics::new(args.read_calls_max));
+    let mut metrics = Metrics::new(args.read_calls_max);
+    metrics.reads = ReadSlots::with_buffers(
+        args.read_calls_max,
+        args.read_buffer_bytes,
+        args.read_buffer_bytes_total,
+    );
+    let metrics = Arc::new(metrics);
+    let conns = Connections::new(
+        args.connections_max,
+        args.connections_reserved,
+        Duration::from_secs(args.handshake_timeout_secs),
+    );
     let metrics_task = match args.metrics_listen {
         Some(addr) => {
             let l = TcpListener::bind(addr)
@@ -242,6 +313,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 l,
                 engine.clone(),
                 Arc::clone(&metrics),
+                Arc::clone(&conns),
                 exposure.metrics_token.clone(),
             )))
         }
@@ -261,12 +333,19 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     // Over-limit requests are RESOURCE_EXHAUSTED (tonic's own check says OUT_OF_RANGE).
     let cursorlog = FrameLimit::new(cursorlog, args.grpc_message_bytes_max);
     let token = exposure.token.clone();
+    let connections_max = args.connections_max;
     let cursorlog = InterceptedService::new(cursorlog, move |request: Request<()>| {
+        connections::on_reserved_slot(request.extensions(), connections_max)?;
         check_bearer(token.as_ref(), &request).map(|()| request)
     });
     let (health_reporter, health) = tonic_health::server::health_reporter();
     set_health(&health_reporter, ServingStatus::Serving).await;
-    let poison_task = tokio::spawn(watch_poison(engine.poison_watch(), health_reporter.clone()));
+    let stay_up = args.stay_up_when_poisoned;
+    let poison_task = tokio::spawn(watch_poison(
+        engine.poison_watch(),
+        health_reporter.clone(),
+        stay_up,
+    ));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(cursorlog_proto::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -277,13 +356,15 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .build_v1alpha()
         .map_err(|e| format!("reflection service (v1alpha): {e}"))?;
 
-    let mut builder = Server::builder();
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(keepalive_interval(&args))
+        .http2_keepalive_timeout(Some(Duration::from_secs(args.http2_keepalive_timeout_secs)));
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
             .map_err(|e| format!("TLS configuration: {e}"))?;
     }
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = connections::incoming(listener, Arc::clone(&conns));
     let mut stop_accepting = shutdown_rx.clone();
     let server = builder
         .add_service(health)
@@ -302,6 +383,10 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         auth = exposure.token.is_some(),
         token_from = exposure.origin.as_ref().map(ToString::to_string),
         read_calls_max = args.read_calls_max,
+        connections_max = args.connections_max,
+        connections_reserved = args.connections_reserved,
+        handshake_timeout_secs = args.handshake_timeout_secs,
+        stay_up_when_poisoned = stay_up,
         blocking_threads = args.blocking_threads,
         session_idle_ttl_secs = args.session_idle_ttl_secs,
         "cursorlog {} serving data dir {}; recovery: {}; listening on {local}",
@@ -312,7 +397,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     println!("listening on {local}");
     let _ = std::io::stdout().flush();
 
+    let mut grace = Duration::from_secs(args.shutdown_grace_secs);
     let outcome = tokio::select! {
+        () = poisoned(engine.poison_watch(), stay_up) => {
+            grace = grace.min(POISON_DRAIN);
+            tracing::error!(
+                "shutting down because the engine is poisoned (see above); in-flight calls \
+                 get {grace:?}"
+            );
+            Ok(())
+        }
         signal = signal => match signal {
             Ok(Ok(name)) => {
                 tracing::info!("{name} received: shutting down");
@@ -333,7 +427,6 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     end_health_watches(health_reporter).await;
     let _ = shutdown_tx.send(true);
     if !server.is_finished() {
-        let grace = Duration::from_secs(args.shutdown_grace_secs);
         match tokio::time::timeout(grace, &mut server).await {
             Ok(Ok(Ok(()))) => tracing::info!("in-flight calls drained"),
             Ok(Ok(Err(err))) => tracing::warn!(error = %err, "gRPC server ended with an error"),

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use cursorlog_engine::{self as engine, Cursor, Engine};
 use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::cursor_log_server::CursorLog;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::append_stream;
@@ -22,8 +21,6 @@ use crate::metrics::Metrics;
 use crate::reader::Reader;
 use crate::status;
 
-/// Messages buffered per Read call before the producer waits for the client.
-const READ_CHANNEL_DEPTH: usize = 16;
 /// Events per batch when the client leaves `batch_events_max` at 0.
 const READ_BATCH_EVENTS_DEFAULT: u32 = 256;
 /// Target size of one Read batch message, in bytes: below the 4 MiB default decoding limit
@@ -397,7 +394,7 @@ impl CursorLog for CursorLogService {
                 .await?
         };
         self.metrics.record_verdict(resolution.verdict);
-        let (tx, rx) = mpsc::channel(READ_CHANNEL_DEPTH);
+        let (tx, rx) = crate::read_pipe::pipe(self.metrics.reads.buffers());
         let reader = Reader {
             _slot: slot,
             engine: self.engine.clone(),
@@ -407,9 +404,10 @@ impl CursorLog for CursorLogService {
             session,
             batch_events_max,
             batch_bytes_max: (self.message_bytes_max / 2).min(READ_BATCH_BYTES_TARGET),
+            largest_event: std::sync::atomic::AtomicUsize::new(0),
         };
         tokio::spawn(reader.run(resolution, r.follow, r.resume_own_stream));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(rx)))
     }
 
     async fn get_outcome(

@@ -22,6 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_fsync_is_visible_and_a_restart_serves_everything_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
+    // The operator's mode: it stays up, read-only, until SIGTERM.
     let mut server = Server::start_with(Start {
         data_dir: Some(dir.path()),
         args: &[
@@ -30,6 +31,7 @@ async fn a_failed_fsync_is_visible_and_a_restart_serves_everything_acknowledged(
             "--metrics-listen",
             "127.0.0.1:0",
         ],
+        env: &[("CURSORLOG_STAY_UP_WHEN_POISONED", "true")],
         ..Start::default()
     });
     assert!(server.wait_for_log("TEST ONLY: --fault-fail-fsync-after 8"));
@@ -176,6 +178,84 @@ async fn a_failed_fsync_is_visible_and_a_restart_serves_everything_acknowledged(
         })
         .await;
     assert!(r.is_ok(), "{r:?}");
+}
+
+/// By default a poisoned server needs no probe and no signal: it drains (an open follower
+/// ends) and exits non-zero by itself, so a plain `Restart=on-failure` supervisor restarts
+/// it, and the restart serves what was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_server_drains_and_exits_non_zero_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_in(dir.path(), &["--fault-fail-fsync-after", "6"]);
+    let mut c = server.client().await;
+    let (epoch, stream) = open_stream(&mut c, "s", None, None).await;
+    let mut follower = c
+        .read(read_request("s", &format!("{epoch}-{stream}-0"), true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(follower.message().await.unwrap().is_some());
+    let mut acked = 0_u64;
+    loop {
+        assert!(acked < 100, "no fsync failed after 100 appends");
+        let r = c
+            .append(pb::AppendRequest {
+                session: "s".into(),
+                stream,
+                expected_next_seq: Some(acked + 1),
+                events: vec![event("progress", b"x")],
+            })
+            .await;
+        match r {
+            Ok(_) => acked += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                break;
+            }
+        }
+    }
+    // No signal: the process ends by itself, non-zero.
+    let exit = server.wait_exit();
+    assert!(
+        !exit.success(),
+        "a poisoned server must exit non-zero: {exit:?}"
+    );
+    assert_eq!(exit.code(), Some(1), "{exit:?}");
+    let logs = server.logs();
+    assert!(logs.contains("exits with status 1 by itself"), "{logs}");
+    assert!(
+        logs.contains("poisoned by a failed write or fsync"),
+        "{logs}"
+    );
+    // The open follower was ended, not left hanging.
+    let ended = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match follower.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the follower outlived the server");
+    drop(server);
+
+    // The supervisor's restart serves everything acknowledged.
+    let server = Server::start_in(dir.path(), &[]);
+    let mut c = server.client().await;
+    let all = read_all(
+        &mut c,
+        read_request("s", &format!("{epoch}-{stream}-0"), false),
+        TIMEOUT,
+    )
+    .await;
+    assert!(all.error.is_none(), "{:?}", all.error);
+    assert!(
+        all.events.len() as u64 >= acked,
+        "{} < {acked}",
+        all.events.len()
+    );
+    assert_contiguous(&all.events[..acked as usize], 1, acked);
 }
 
 /// With free space below `--disk-reserve-bytes` every write that needs space is refused
