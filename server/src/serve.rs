@@ -341,7 +341,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     set_health(&health_reporter, ServingStatus::Serving).await;
     let stay_up = args.stay_up_when_poisoned;
-    let poison_task = tokio::spawn(watch_poison(
+    let mut poison_task = tokio::spawn(watch_poison(
         engine.poison_watch(),
         health_reporter.clone(),
         stay_up,
@@ -400,6 +400,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let mut grace = Duration::from_secs(args.shutdown_grace_secs);
     let outcome = tokio::select! {
         () = poisoned(engine.poison_watch(), stay_up) => {
+            // Let the watcher say what happened (and turn health NOT_SERVING) first.
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut poison_task).await;
             grace = grace.min(POISON_DRAIN);
             tracing::error!(
                 "shutting down because the engine is poisoned (see above); in-flight calls \
