@@ -28,6 +28,10 @@ const IDLE_PER_ROUND: usize = 1024;
 
 /// Aborts every stream whose producer lease ran out; returns how many.
 pub(crate) fn expire_leases(shared: &Shared, tx: &Mailbox) -> usize {
+    let _turn = shared
+        .maintenance_lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let expired = shared.leases.take_expired(shared.now_ms());
     let mut n = 0;
     for stream in expired {
@@ -54,6 +58,10 @@ pub(crate) fn expire_leases(shared: &Shared, tx: &Mailbox) -> usize {
 /// Expires the sessions no call named for the idle TTL (a follower pins its session);
 /// returns how many. One round takes at most [`IDLE_PER_ROUND`] of them.
 pub(crate) fn expire_idle_sessions(shared: &Shared, tx: &Mailbox) -> usize {
+    let _turn = shared
+        .maintenance_lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let found = scan_idle_sessions(shared);
     commit_idle_expiries(shared, tx, found)
 }
@@ -177,10 +185,17 @@ pub(crate) fn spawn_maintenance(
                     return;
                 }
                 check_disk(&shared);
-                expire_leases(&shared, &tx);
-                if idle_backlog || last_idle.elapsed() >= idle_every {
+                let expiry = shared.config.background_expiry;
+                if expiry {
+                    expire_leases(&shared, &tx);
+                }
+                if expiry && (idle_backlog || last_idle.elapsed() >= idle_every) {
                     last_idle = Instant::now();
                     // A full round leaves more behind: the next one runs at the next tick.
+                    let _turn = shared
+                        .maintenance_lock
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     let found = scan_idle_sessions(&shared);
                     idle_backlog = found.len() >= IDLE_PER_ROUND;
                     commit_idle_expiries(&shared, &tx, found);

@@ -141,6 +141,11 @@ pub struct Config {
     pub clock: Arc<dyn Clock>,
     /// Retention rules.
     pub retention: Retention,
+    /// Whether the background thread expires producer leases and idle sessions (every 50 ms
+    /// and every tenth of the TTL). `false` leaves both to [`crate::Engine::run_maintenance`]:
+    /// for tests that move a [`crate::ManualClock`] and count what each pass expired, which a
+    /// background pass would otherwise race. Free-space checks and retention run either way.
+    pub background_expiry: bool,
 }
 
 impl Config {
@@ -164,6 +169,7 @@ impl Config {
             writer_queue_bytes_max: 64 * 1024 * 1024,
             clock: Arc::new(SystemClock),
             retention: Retention::default(),
+            background_expiry: true,
         }
     }
 }

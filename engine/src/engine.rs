@@ -166,6 +166,7 @@ impl Engine {
             leases: Leases::default(),
             low_disk: AtomicBool::new(false),
             retention_lock: Mutex::new(()),
+            maintenance_lock: Mutex::new(()),
             crashed: AtomicBool::new(false),
         });
         shared.counters.last_lsn.store(last_lsn, Ordering::Release);

@@ -64,6 +64,10 @@ pub(crate) struct Shared {
     pub low_disk: AtomicBool,
     /// One retention pass at a time.
     pub retention_lock: std::sync::Mutex<()>,
+    /// Lease and idle expiry passes take turns (the background thread's and
+    /// `Engine::run_maintenance`'s): when a pass returns, whatever an earlier pass took is
+    /// committed, so its effects are visible.
+    pub maintenance_lock: std::sync::Mutex<()>,
     /// Set by a simulated crash (tests): the writer stops without the shutdown marker, the
     /// final sync or the index flush, as a killed process would.
     pub crashed: AtomicBool,
