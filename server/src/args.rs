@@ -105,7 +105,7 @@ pub struct ServeArgs {
     /// group commit without one. Bounds memory: each thread costs a stack and an allocator
     /// heap (~3 MiB each, measured), and the pool never shrinks under steady traffic (its
     /// idle threads take turns, so none idles long enough to retire), so its size is what it
-    /// will reach. These calls are short reads of mapped segments and the index: a few
+    /// will reach. These calls are short positional reads of segments and the index: a few
     /// threads per core keep the cores busy.
     #[arg(
         long,
