@@ -256,6 +256,8 @@ mod tests {
         c.clock = Arc::clone(clock) as _;
         c.session_idle_ttl = Some(TTL);
         c.disk_reserve_bytes = 0;
+        // Only this test's own scan and commit expire anything.
+        c.background_expiry = false;
         Engine::open(c).unwrap()
     }
 
