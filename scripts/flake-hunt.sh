@@ -160,7 +160,8 @@ for ((run = 1; run <= runs; run++)); do
     done <"$targets"
 done
 for pid in "${running_pids[@]}"; do
-    wait "$pid" || true
+    # Runs that `wait -n` already reaped are no children any more: nothing to say about them.
+    wait "$pid" 2>/dev/null || true
 done
 running_pids=()
 
