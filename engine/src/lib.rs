@@ -69,8 +69,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
 pub use engine::Engine;
-pub use error::{CorruptionKind, Error, IndexError, Result};
 pub use error::LiveLimit;
+pub use error::{CorruptionKind, Error, IndexError, Result};
 pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};
 #[cfg(feature = "testing")]
 pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};

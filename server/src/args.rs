@@ -174,7 +174,11 @@ pub struct ServeArgs {
     )]
     pub handshake_timeout_secs: u64,
     /// Send an HTTP/2 PING on every connection this often; 0 sends none.
-    #[arg(long, env = "CURSORLOG_HTTP2_KEEPALIVE_INTERVAL_SECS", default_value_t = 30)]
+    #[arg(
+        long,
+        env = "CURSORLOG_HTTP2_KEEPALIVE_INTERVAL_SECS",
+        default_value_t = 30
+    )]
     pub http2_keepalive_interval_secs: u64,
     /// Close a connection whose peer has not answered a keepalive PING within this many
     /// seconds (a dead peer, or one that stopped reading).
