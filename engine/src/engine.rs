@@ -396,7 +396,14 @@ impl Engine {
         self.inner.stop_threads();
     }
 
-    /// True once a failed write, fsync or index flush made the engine refuse every write.
+    /// Makes the next `n` index flushes fail as a failing store would, for tests of what a
+    /// failed flush does (0 ends it).
+    #[cfg(feature = "testing")]
+    pub fn fail_index_flushes(&self, n: u64) {
+        self.inner.shared.index.fail_flushes(n);
+    }
+
+    /// True once a failed write or fsync made the engine refuse every write.
     pub fn is_poisoned(&self) -> bool {
         self.inner.shared.poisoned.load(Ordering::Acquire)
     }

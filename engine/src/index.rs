@@ -169,6 +169,10 @@ pub(crate) struct Index {
     flushing_lock: Arc<Mutex<()>>,
     /// The counts as sled holds them (the memtable's layers hold changes of them).
     stored_counts: Arc<Mutex<Counts>>,
+    /// Flushes still to fail, for tests of what a failed flush does (see
+    /// `Engine::fail_index_flushes`).
+    #[cfg(feature = "testing")]
+    failing_flushes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The smallest key greater than every key starting with `prefix` (`None`: no bound).
@@ -219,6 +223,8 @@ impl Index {
             mem: Arc::default(),
             flushing_lock: Arc::default(),
             stored_counts: Arc::new(Mutex::new(counts)),
+            #[cfg(feature = "testing")]
+            failing_flushes: Arc::default(),
         })
     }
 
@@ -345,6 +351,31 @@ impl Index {
             chunk_stream: 0,
             pending: ChunkEntries::new(),
         }
+    }
+
+    /// Makes the next `n` memtable flushes fail as a store error would (nothing changes).
+    #[cfg(feature = "testing")]
+    pub(crate) fn fail_flushes(&self, n: u64) {
+        self.failing_flushes
+            .store(n, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Consumes one injected flush failure, if any is left.
+    #[cfg(feature = "testing")]
+    pub(crate) fn injected_flush_failure(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let left = self.failing_flushes.load(Ordering::Acquire);
+        if left > 0
+            && self
+                .failing_flushes
+                .compare_exchange(left, left - 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            return Err(Error::Index(IndexError::msg(
+                "injected index flush failure",
+            )));
+        }
+        Ok(())
     }
 
     /// Moves the memtable into sled and makes sled durable.

@@ -92,3 +92,50 @@ fn no_space_for_the_next_segment_refuses_the_group_and_does_not_poison() {
     let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
     assert_eq!(e.read("s", s, 0, 1000).unwrap().head, head + 1);
 }
+
+/// The index's store failing to flush (it shares the disk) loses nothing: every event is in
+/// the log and in the memtable. The engine refuses writes as on a full disk for a moment,
+/// is never poisoned, and once flushes work again everything acknowledged is kept.
+#[test]
+fn a_failed_index_flush_refuses_writes_for_a_while_and_does_not_poison() {
+    let fs = FaultyFs::new(22);
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
+    let epoch = e.open_session("s").unwrap().epoch;
+    let s = e
+        .open_stream(OpenStream {
+            session: "s".into(),
+            epoch,
+            correlation: None,
+            lease_ms: None,
+        })
+        .unwrap()
+        .stream;
+    e.fail_index_flushes(u64::MAX);
+    let mut acked = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Append until the background flusher has met a failure (it flushes every 250 ms).
+    while e.stats().unwrap().index_flush_failures == 0 {
+        assert!(Instant::now() < deadline, "the index flusher never ran");
+        match append(&e, s, b"x") {
+            Ok(seq) => acked = seq,
+            Err(Error::DiskFull { .. }) => {}
+            Err(other) => panic!("expected success or DiskFull, got {other}"),
+        }
+    }
+    assert!(!e.is_poisoned(), "a failed index flush poisoned the engine");
+    e.fail_index_flushes(0);
+    // Writes resume by themselves once a flush succeeds and the disk check sees space.
+    let seq = loop {
+        match append(&e, s, b"after") {
+            Ok(seq) => break seq,
+            Err(Error::DiskFull { .. }) if Instant::now() < deadline => std::thread::yield_now(),
+            Err(other) => panic!("appends did not resume: {other}"),
+        }
+    };
+    assert_eq!(seq, acked + 1);
+    e.close().unwrap();
+    drop(e);
+    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
+    assert_eq!(e.read("s", s, 0, 10_000).unwrap().head, seq);
+}

@@ -11,6 +11,8 @@ impl Index {
             .flushing_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        #[cfg(feature = "testing")]
+        self.injected_flush_failure()?;
         let Some((frozen, lsn)) = self.freeze() else {
             return Ok(());
         };
