@@ -403,6 +403,13 @@ impl Engine {
         self.inner.shared.index.fail_flushes(n);
     }
 
+    /// Makes the apply of the `nth` record (1-based) of the next request that has one fail
+    /// once, as a bug or a store failure part way through a request would.
+    #[cfg(feature = "testing")]
+    pub fn fail_apply_at(&self, nth: u64) {
+        self.inner.shared.index.fail_apply_at(nth);
+    }
+
     /// True once a failed write or fsync made the engine refuse every write.
     pub fn is_poisoned(&self) -> bool {
         self.inner.shared.poisoned.load(Ordering::Acquire)

@@ -173,6 +173,10 @@ pub(crate) struct Index {
     /// `Engine::fail_index_flushes`).
     #[cfg(feature = "testing")]
     failing_flushes: Arc<std::sync::atomic::AtomicU64>,
+    /// A request's record (by its place in the request, 1-based; 0: none) whose apply is to
+    /// fail once (see `Engine::fail_apply_at`).
+    #[cfg(feature = "testing")]
+    failing_apply: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The smallest key greater than every key starting with `prefix` (`None`: no bound).
@@ -225,6 +229,8 @@ impl Index {
             stored_counts: Arc::new(Mutex::new(counts)),
             #[cfg(feature = "testing")]
             failing_flushes: Arc::default(),
+            #[cfg(feature = "testing")]
+            failing_apply: Arc::default(),
         })
     }
 
@@ -374,6 +380,29 @@ impl Index {
             return Err(Error::Index(IndexError::msg(
                 "injected index flush failure",
             )));
+        }
+        Ok(())
+    }
+
+    /// Makes the apply of the `nth` record (1-based) of the next request with that many
+    /// records fail once, with an error that is not an index error.
+    #[cfg(feature = "testing")]
+    pub(crate) fn fail_apply_at(&self, nth: u64) {
+        self.failing_apply
+            .store(nth, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Consumes the injected apply failure if `record` (0-based in its request) is the one.
+    #[cfg(feature = "testing")]
+    pub(crate) fn injected_apply_failure(&self, record: usize) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let nth = record as u64 + 1;
+        if self
+            .failing_apply
+            .compare_exchange(nth, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Err(Error::Internal("injected apply failure".into()));
         }
         Ok(())
     }

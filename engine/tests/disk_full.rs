@@ -139,3 +139,51 @@ fn a_failed_index_flush_refuses_writes_for_a_while_and_does_not_poison() {
     let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
     assert_eq!(e.read("s", s, 0, 10_000).unwrap().head, seq);
 }
+
+/// A request whose records fail to apply part way (a bug, a store failure) leaves no frame
+/// and takes no LSN: its group is not written, and the log opens afterwards with every
+/// acknowledged event and nothing of the failed request.
+#[test]
+fn a_request_that_fails_part_way_leaves_no_frame_behind() {
+    let fs = FaultyFs::new(23);
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
+    let epoch = e.open_session("s").unwrap().epoch;
+    let s = e
+        .open_stream(OpenStream {
+            session: "s".into(),
+            epoch,
+            correlation: None,
+            lease_ms: None,
+        })
+        .unwrap()
+        .stream;
+    assert_eq!(append(&e, s, b"one").unwrap(), 1);
+    e.fail_apply_at(2);
+    let failed = e.append(Append {
+        session: "s".into(),
+        stream: s,
+        expected_next_seq: None,
+        events: (0..3)
+            .map(|_| NewEvent::new("p", b"half".to_vec()))
+            .collect(),
+    });
+    assert!(failed.is_err(), "{failed:?}");
+    // Whatever the engine does next (it refuses writes until a restart), the log it leaves
+    // must open, hold the acknowledged event, and nothing of the failed request.
+    let _ = append(&e, s, b"two");
+    e.simulate_crash();
+    drop(e);
+    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone()))
+        .unwrap_or_else(|err| panic!("the log does not open after a failed request: {err}"));
+    let events = e.read("s", s, 0, 100).unwrap().events;
+    assert!(
+        events.iter().all(|ev| ev.payload.as_ref() != b"half"),
+        "part of the failed request is in the log"
+    );
+    assert_eq!(
+        events.first().map(|ev| ev.payload.to_vec()),
+        Some(b"one".to_vec())
+    );
+    assert_eq!(append(&e, s, b"three").unwrap(), events.len() as u64 + 1);
+}

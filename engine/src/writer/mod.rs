@@ -527,7 +527,15 @@ impl Writer {
         for (i, (record, pos)) in records.iter().zip(positions).enumerate() {
             let prev = i.checked_sub(1).and_then(|p| records.get(p));
             let continues = record.continues_run(prev);
-            if let Err(e) = apply(txn, first_lsn + i as u64, pos, record, continues) {
+            #[cfg(feature = "testing")]
+            let applied = self
+                .shared
+                .index
+                .injected_apply_failure(i)
+                .and_then(|()| apply(txn, first_lsn + i as u64, pos, record, continues));
+            #[cfg(not(feature = "testing"))]
+            let applied = apply(txn, first_lsn + i as u64, pos, record, continues);
+            if let Err(e) = applied {
                 // None of the request's frames stay in the group and its LSNs are not taken.
                 // The overlay may hold part of it: the group must not commit (see `commit`).
                 buf.truncate(start);
