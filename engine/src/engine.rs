@@ -464,23 +464,9 @@ fn arm_live_state(shared: &Shared) -> Result<()> {
 fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
     let mut fenced = 0;
     for stream in open_stream_ids(shared)? {
-        let cmd = Command::Terminate {
-            session: None,
-            stream,
-            state: StreamState::Aborted,
-            expected_next_seq: None,
-            reason: Some(
-                "the server restarted after a crash under a non-durable sync policy: events \
-                 acknowledged just before it may be lost"
-                    .into(),
-            ),
-            frame: None,
-        };
-        match crate::mailbox::submit(tx, shared, cmd) {
-            Ok(_) => fenced += 1,
-            Err(Error::StreamTerminated { .. } | Error::UnknownStream(_)) => {}
-            Err(e) => return Err(e),
-        }
+        let reason = "the server restarted after a crash under a non-durable sync policy: \
+                      events acknowledged just before it may be lost";
+        fenced += u64::from(abort_stream(shared, tx, stream, reason)?);
     }
     if fenced > 0 {
         tracing::warn!(
@@ -491,6 +477,24 @@ fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
     Ok(fenced)
 }
 
+/// Ends `stream` as `ABORTED` for `reason` before anything is served: true if it was open,
+/// false if it had already ended or is gone.
+fn abort_stream(shared: &Shared, tx: &Mailbox, stream: u64, reason: &str) -> Result<bool> {
+    let cmd = Command::Terminate {
+        session: None,
+        stream,
+        state: StreamState::Aborted,
+        expected_next_seq: None,
+        reason: Some(reason.into()),
+        frame: None,
+    };
+    match crate::mailbox::submit(tx, shared, cmd) {
+        Ok(_) => Ok(true),
+        Err(Error::StreamTerminated { .. } | Error::UnknownStream(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Fences what the log lost that the index remembered (see [`crate::lost`]): ends the
 /// streams that lost events at the head that survived, and moves the sessions that lost a
 /// stream or an epoch past every epoch a client may hold, so a lost stream's id, given to a
@@ -498,23 +502,9 @@ fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
 fn fence_lost(shared: &Shared, tx: &Mailbox, lost: &LostWrites) -> Result<(u64, u64)> {
     let mut ended = 0;
     for stream in &lost.streams_to_end {
-        let cmd = Command::Terminate {
-            session: None,
-            stream: *stream,
-            state: StreamState::Aborted,
-            expected_next_seq: None,
-            reason: Some(
-                "events of this stream that had been acknowledged are missing from the log \
-                 (lost at a crash)"
-                    .into(),
-            ),
-            frame: None,
-        };
-        match crate::mailbox::submit(tx, shared, cmd) {
-            Ok(_) => ended += 1,
-            Err(Error::StreamTerminated { .. } | Error::UnknownStream(_)) => {}
-            Err(e) => return Err(e),
-        }
+        let reason = "events of this stream that had been acknowledged are missing from the \
+                      log (lost at a crash)";
+        ended += u64::from(abort_stream(shared, tx, *stream, reason)?);
     }
     let mut moved = 0;
     for (session, steps) in &lost.sessions_to_advance {

@@ -29,13 +29,9 @@ fn append(e: &Engine, stream: u64, payload: &[u8]) -> Result<u64, Error> {
     .map(|a| a.last_seq)
 }
 
-fn used(fs: &FaultyFs) -> u64 {
-    fs.files().iter().filter_map(|p| fs.durable_len(p)).sum()
-}
-
-#[test]
-fn no_space_for_the_next_segment_refuses_the_group_and_does_not_poison() {
-    let fs = FaultyFs::new(21);
+/// A fresh engine on a simulated disk (seeded), with session "s" and one stream in it.
+fn engine_with_a_stream(seed: u64) -> (FaultyFs, tempfile::TempDir, Engine, u64) {
+    let fs = FaultyFs::new(seed);
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
     let epoch = e.open_session("s").unwrap().epoch;
@@ -48,6 +44,16 @@ fn no_space_for_the_next_segment_refuses_the_group_and_does_not_poison() {
         })
         .unwrap()
         .stream;
+    (fs, dir, e, s)
+}
+
+fn used(fs: &FaultyFs) -> u64 {
+    fs.files().iter().filter_map(|p| fs.durable_len(p)).sum()
+}
+
+#[test]
+fn no_space_for_the_next_segment_refuses_the_group_and_does_not_poison() {
+    let (fs, dir, e, s) = engine_with_a_stream(21);
     // Fill the active segment past its size: the next group starts by rolling.
     let mut head = 0;
     while e.stats().unwrap().log_bytes < 8192 {
@@ -98,19 +104,7 @@ fn no_space_for_the_next_segment_refuses_the_group_and_does_not_poison() {
 /// is never poisoned, and once flushes work again everything acknowledged is kept.
 #[test]
 fn a_failed_index_flush_refuses_writes_for_a_while_and_does_not_poison() {
-    let fs = FaultyFs::new(22);
-    let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
-    let epoch = e.open_session("s").unwrap().epoch;
-    let s = e
-        .open_stream(OpenStream {
-            session: "s".into(),
-            epoch,
-            correlation: None,
-            lease_ms: None,
-        })
-        .unwrap()
-        .stream;
+    let (fs, dir, e, s) = engine_with_a_stream(22);
     e.fail_index_flushes(u64::MAX);
     let mut acked = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -145,19 +139,7 @@ fn a_failed_index_flush_refuses_writes_for_a_while_and_does_not_poison() {
 /// acknowledged event and nothing of the failed request.
 #[test]
 fn a_request_that_fails_part_way_leaves_no_frame_behind() {
-    let fs = FaultyFs::new(23);
-    let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
-    let epoch = e.open_session("s").unwrap().epoch;
-    let s = e
-        .open_stream(OpenStream {
-            session: "s".into(),
-            epoch,
-            correlation: None,
-            lease_ms: None,
-        })
-        .unwrap()
-        .stream;
+    let (fs, dir, e, s) = engine_with_a_stream(23);
     assert_eq!(append(&e, s, b"one").unwrap(), 1);
     e.fail_apply_at(2);
     let failed = e.append(Append {
