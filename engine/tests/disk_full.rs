@@ -169,3 +169,28 @@ fn a_request_that_fails_part_way_leaves_no_frame_behind() {
     );
     assert_eq!(append(&e, s, b"three").unwrap(), events.len() as u64 + 1);
 }
+
+/// An `OpenStream` with a producer lease that the full disk refuses leaves no lease behind:
+/// the stream was never opened, and its id goes to the next record.
+#[test]
+fn a_refused_leased_open_leaves_no_lease() {
+    let (fs, _dir, e, _) = engine_with_a_stream(24);
+    let epoch = e.open_session("s").unwrap().epoch;
+    assert_eq!(e.stats().unwrap().leased_streams, 0);
+    fs.set_capacity(Some(used(&fs)));
+    let refused = e.open_stream(OpenStream {
+        session: "s".into(),
+        epoch,
+        correlation: None,
+        lease_ms: Some(60_000),
+    });
+    assert!(
+        matches!(refused, Err(Error::DiskFull { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        e.stats().unwrap().leased_streams,
+        0,
+        "a lease outlived its refused open"
+    );
+}

@@ -84,6 +84,9 @@ pub(crate) struct Writer {
     /// A request's records failed to apply part way: the group's overlay is not to be
     /// trusted and the group must not commit.
     overlay_broken: bool,
+    /// Streams whose producer lease this group armed (while planning, so the lease cap
+    /// counts them): disarmed again if the group is not written.
+    leased: Vec<u64>,
 }
 
 /// The largest group buffer kept for the next group; a larger one is freed after its group.
@@ -105,6 +108,7 @@ impl Writer {
             effects: Vec::new(),
             retiring: None,
             overlay_broken: false,
+            leased: Vec::new(),
         }
     }
 
@@ -302,6 +306,7 @@ impl Writer {
         self.touched.clear();
         self.effects.clear();
         self.retiring = None;
+        self.leased.clear();
         let mut acks: Acks = Vec::with_capacity(batch.len());
         let mut force_sync = false;
         let first_lsn = self.log.next_lsn;
@@ -324,6 +329,7 @@ impl Writer {
                 // The overlay may be half-applied: fail the whole batch, write nothing.
                 self.overlay_broken = false;
                 self.log.rewind(first_lsn);
+                self.disarm_group_leases();
                 let e = match planned {
                     Err(e) => e,
                     Ok(_) => Error::Internal("a request half-applied to the index".into()),
@@ -350,11 +356,13 @@ impl Writer {
                 // Nothing of the group is in the log: refuse it, keep serving.
                 self.log.rewind(first_lsn);
                 self.streams.clear();
+                self.disarm_group_leases();
                 let replies = acks.into_iter().map(|(tx, _)| tx).collect();
                 return self.refuse_for_full_disk(&e, replies);
             }
             Err(WriteError::Fatal(e)) => {
                 self.poison(&e);
+                self.disarm_group_leases();
                 for (tx, _) in acks {
                     tx.send(Err(Error::Poisoned));
                 }
@@ -397,6 +405,14 @@ impl Writer {
             .fetch_add(self.log.next_lsn - first_lsn, Ordering::Relaxed);
         c.last_lsn.store(last_lsn, Ordering::Release);
         self.acknowledge(acks);
+    }
+
+    /// Ends the leases this group armed: its streams were never opened (their ids, LSNs of
+    /// an unwritten group, go to the next records).
+    fn disarm_group_leases(&mut self) {
+        for stream in self.leased.drain(..) {
+            self.shared.leases.remove(stream);
+        }
     }
 
     /// Refuses a group that the disk has no room for: nothing of it is in the log. Appends

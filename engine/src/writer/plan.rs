@@ -191,6 +191,7 @@ impl Writer {
                     // Armed here, not only by the caller once answered, so the cap counts
                     // every lease the writer granted (the caller's arm restarts it).
                     self.shared.leases.arm(stream, ms, now);
+                    self.leased.push(stream);
                 }
                 Ok(Reply::Stream(StreamInfo {
                     stream,
