@@ -40,5 +40,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .out_dir(&server_dir)
         .compile_fds(compiler.file_descriptor_set())?;
+    compile_raft(&out_dir)?;
+    Ok(())
+}
+
+/// The internal Raft transport, `proto/cursorlog/raft/v1/raft.proto` (package
+/// `cursorlog.raft.v1`), in one pass with its own compiler: client and server with tonic's
+/// prost codec (peers are our own nodes, so the INVALID_ARGUMENT mapping above is not needed),
+/// and no descriptor set (it is not offered through reflection).
+fn compile_raft(out_dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/cursorlog/raft/v1/raft.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let mut compiler = protox::Compiler::new(["proto"])?;
+    compiler.include_imports(true).open_files([proto])?;
+    tonic_prost_build::configure()
+        // The encoded payloads are decoded straight from the received buffer (no copy).
+        .bytes(".cursorlog.raft.v1")
+        .build_client(true)
+        .build_server(true)
+        .out_dir(out_dir)
+        .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

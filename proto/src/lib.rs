@@ -20,6 +20,19 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/server/cursorlog.v1.rs"));
 }
 
+/// Package `cursorlog.raft.v1`, generated from `raft.proto`: the internal Raft transport
+/// between the nodes of a cluster (`cursorlog-replication` encodes the payloads).
+#[allow(
+    missing_docs,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::unwrap_used,
+    reason = "generated code"
+)]
+pub mod raft_v1 {
+    tonic::include_proto!("cursorlog.raft.v1");
+}
+
 /// The encoded `FileDescriptorSet` of `cursorlog.proto`, for `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("cursorlog_descriptor");
 

@@ -1,0 +1,655 @@
+//! The client side of the Raft transport: openraft's [`RaftNetworkFactory`] and
+//! [`RaftNetworkV2`] over the `cursorlog.raft.v1.Raft` gRPC service (see
+//! [`crate::service`] for the server side).
+//!
+//! One HTTP/2 [`Channel`] per peer address is shared by every client openraft asks for
+//! (replication, heartbeats, votes, snapshots); it connects lazily and reconnects by itself.
+//!
+//! **Deadlines.** Each call is bounded by [`RPCOption::soft_ttl`] (¾ of openraft's hard TTL:
+//! the heartbeat interval for AppendEntries, the election timeout for votes,
+//! `install_snapshot_timeout` for a whole snapshot), both on the client (the call is dropped)
+//! and on the server (`grpc-timeout`).
+//!
+//! **Errors**, so that openraft backs off from a dead peer but retries a slow one at once:
+//!
+//! | what happened | openraft error |
+//! |---|---|
+//! | the call's deadline passed | [`RPCError::Timeout`] (retry soon; repeated ones add up to a backoff) |
+//! | connection refused, reset, not connected, connect timeout (`UNAVAILABLE`, or an I/O error of those kinds under any code) | [`RPCError::Unreachable`] (back off) |
+//! | the peer refused us or cannot serve us: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `UNIMPLEMENTED` (no Raft service there), `INVALID_ARGUMENT`/`INTERNAL` (a codec mismatch), a bad address | [`RPCError::Unreachable`]: retrying at once cannot help |
+//! | anything else (`UNKNOWN`, `CANCELLED`, `RESOURCE_EXHAUSTED`, …) | [`RPCError::Network`] (retry at once) |
+//!
+//! The remote node's own fatal errors (it is shutting down) arrive as `UNAVAILABLE`, so they
+//! are `Unreachable` too.
+//!
+//! **Auth and TLS.** [`ClientOptions`] takes the cluster's bearer token (sent as
+//! `authorization: Bearer …` on every call, as the server's interceptor expects from clients)
+//! and a [`ClientTlsConfig`] (then the peers are dialled as `https://addr`).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use cursorlog_proto::raft_v1::raft_client::RaftClient;
+use cursorlog_proto::raft_v1::{RaftRequest, SnapshotChunk};
+use openraft::error::{
+    NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::type_config::alias::SnapshotOf;
+use openraft::{ErrorSubject, ErrorVerb, RPCTypes, StorageError};
+use tokio::io::{AsyncRead, AsyncReadExt as _};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Status};
+
+use crate::codec::{self, SnapshotHead};
+use crate::types::{NodeId, RaftNode, TypeConfig, Vote};
+
+/// The largest message either side accepts or sends, by default: a full AppendEntries batch
+/// (openraft's `max_payload_entries`, 300 entries) of large groups, or one snapshot chunk.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// The snapshot chunk size when openraft does not give one.
+pub const DEFAULT_SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+
+/// Bytes reserved in a snapshot chunk message for its framing.
+const CHUNK_FRAMING_BYTES: usize = 64;
+
+/// A client option that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    /// The token cannot travel in an `authorization` header.
+    #[error("the auth token cannot be sent in an authorization header (only visible ASCII can)")]
+    BadToken,
+}
+
+/// How this node dials its peers.
+#[derive(Clone)]
+pub struct ClientOptions {
+    authorization: Option<AsciiMetadataValue>,
+    tls: Option<ClientTlsConfig>,
+    connect_timeout: Duration,
+    max_message_bytes: usize,
+}
+
+impl fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field(
+                "authorization",
+                &self.authorization.as_ref().map(|_| "<redacted>"),
+            )
+            .field("tls", &self.tls.is_some())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .finish()
+    }
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            authorization: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(1),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Plaintext, no token, 1 s connect timeout, 64 MiB messages.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sends `authorization: Bearer <token>` on every call.
+    ///
+    /// # Errors
+    /// [`OptionsError::BadToken`] when the token is not visible ASCII.
+    pub fn with_token(mut self, token: &str) -> Result<Self, OptionsError> {
+        let value = AsciiMetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| OptionsError::BadToken)?;
+        self.authorization = Some(value);
+        Ok(self)
+    }
+
+    /// Dials peers over TLS with `tls`.
+    pub fn with_tls(mut self, tls: ClientTlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// How long a connection attempt may take before the peer counts as unreachable.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The largest message sent or accepted (match the server's
+    /// [`RaftService::into_server`](crate::RaftService::into_server) limit).
+    pub fn with_max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = bytes;
+        self
+    }
+
+    /// A lazily connecting channel to `addr` (`host:port`).
+    fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        Ok(endpoint.connect_lazy())
+    }
+}
+
+/// openraft's network factory: hands out a [`NetworkClient`] per peer, sharing one channel per
+/// address. `SD` is the state machine's snapshot data, which must be readable as bytes (see
+/// [`RaftNetworkV2::full_snapshot`] below).
+pub struct NetworkFactory<SD> {
+    id: NodeId,
+    options: ClientOptions,
+    channels: HashMap<String, Channel>,
+    _snapshot: PhantomData<fn() -> SD>,
+}
+
+impl<SD> fmt::Debug for NetworkFactory<SD> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NetworkFactory")
+            .field("id", &self.id)
+            .field("options", &self.options)
+            .field("peers", &self.channels.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl<SD> NetworkFactory<SD> {
+    /// The factory of node `id` (its own id names it in timeout errors).
+    pub fn new(id: NodeId, options: ClientOptions) -> Self {
+        Self {
+            id,
+            options,
+            channels: HashMap::new(),
+            _snapshot: PhantomData,
+        }
+    }
+
+    /// A client to `target` at `node.addr` (what openraft's `new_client` returns).
+    pub fn client(&mut self, target: NodeId, node: &RaftNode) -> NetworkClient<SD> {
+        let channel = match self.channels.get(&node.addr) {
+            Some(channel) => Ok(channel.clone()),
+            None => self.options.channel(&node.addr).inspect(|channel| {
+                self.channels.insert(node.addr.clone(), channel.clone());
+            }),
+        };
+        let max = self.options.max_message_bytes;
+        NetworkClient {
+            id: self.id,
+            target,
+            client: channel
+                .map(|channel| {
+                    RaftClient::new(channel)
+                        .max_decoding_message_size(max)
+                        .max_encoding_message_size(max)
+                })
+                .map_err(|err| format!("bad address {:?} of node {target}: {err}", node.addr)),
+            authorization: self.options.authorization.clone(),
+            max_message_bytes: max,
+            _snapshot: PhantomData,
+        }
+    }
+}
+
+impl<SD> RaftNetworkFactory<TypeConfig> for NetworkFactory<SD>
+where
+    SD: AsyncRead + Unpin + Send + 'static,
+{
+    type Network = NetworkClient<SD>;
+
+    async fn new_client(&mut self, target: NodeId, node: &RaftNode) -> Self::Network {
+        self.client(target, node)
+    }
+}
+
+/// The connection from this node to one peer.
+pub struct NetworkClient<SD> {
+    id: NodeId,
+    target: NodeId,
+    /// The stub, or why the peer's address is unusable (every call is then `Unreachable`).
+    client: Result<RaftClient<Channel>, String>,
+    authorization: Option<AsciiMetadataValue>,
+    max_message_bytes: usize,
+    _snapshot: PhantomData<fn() -> SD>,
+}
+
+impl<SD> fmt::Debug for NetworkClient<SD> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NetworkClient")
+            .field("id", &self.id)
+            .field("target", &self.target)
+            .field("usable", &self.client.is_ok())
+            .finish()
+    }
+}
+
+/// The unary Raft calls.
+#[derive(Debug, Clone, Copy)]
+enum Unary {
+    AppendEntries,
+    Vote,
+    PreVote,
+}
+
+impl Unary {
+    fn kind(self) -> RPCTypes {
+        match self {
+            Self::AppendEntries => RPCTypes::AppendEntries,
+            Self::Vote | Self::PreVote => RPCTypes::Vote,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::AppendEntries => "AppendEntries",
+            Self::Vote => "Vote",
+            Self::PreVote => "PreVote",
+        }
+    }
+}
+
+/// A request with the deadline and the token.
+fn request<T>(
+    message: T,
+    deadline: Duration,
+    authorization: Option<&AsciiMetadataValue>,
+) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(deadline);
+    if let Some(value) = authorization {
+        request
+            .metadata_mut()
+            .insert("authorization", value.clone());
+    }
+    request
+}
+
+impl<SD> NetworkClient<SD> {
+    /// One unary call: `value` encoded in, the reply decoded out, within the soft TTL.
+    async fn unary<Req, Resp>(
+        &mut self,
+        rpc: Unary,
+        value: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>>
+    where
+        Req: serde::Serialize,
+        Resp: serde::de::DeserializeOwned,
+    {
+        let deadline = option.soft_ttl();
+        let client = self
+            .client
+            .as_mut()
+            .map_err(|reason| RPCError::Unreachable(Unreachable::from_string(reason.as_str())))?;
+        let data = codec::encode(rpc.name(), value)
+            .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
+        let req = request(
+            RaftRequest { data: data.into() },
+            deadline,
+            self.authorization.as_ref(),
+        );
+        let call = async {
+            match rpc {
+                Unary::AppendEntries => client.append_entries(req).await,
+                Unary::Vote => client.vote(req).await,
+                Unary::PreVote => client.pre_vote(req).await,
+            }
+        };
+        let reply = match tokio::time::timeout(deadline, call).await {
+            Err(_elapsed) => return Err(self.timeout(rpc.kind(), deadline)),
+            Ok(Err(status)) => return Err(self.status_error(&status, rpc.kind(), deadline)),
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        // A reply that does not decode is a version or codec mismatch: back off.
+        codec::decode(rpc.name(), &reply.data)
+            .map_err(|err| RPCError::Unreachable(Unreachable::new(&err)))
+    }
+
+    fn timeout(&self, action: RPCTypes, timeout: Duration) -> RPCError<TypeConfig> {
+        RPCError::Timeout(Timeout {
+            action,
+            id: self.id,
+            target: self.target,
+            timeout,
+        })
+    }
+
+    /// The openraft error for a failed call (see the table in the module docs).
+    fn status_error(
+        &self,
+        status: &Status,
+        action: RPCTypes,
+        deadline: Duration,
+    ) -> RPCError<TypeConfig> {
+        match classify(status) {
+            Failure::Timeout => self.timeout(action, deadline),
+            Failure::Unreachable => RPCError::Unreachable(Unreachable::new(status)),
+            Failure::Network => RPCError::Network(NetworkError::new(status)),
+        }
+    }
+}
+
+/// How openraft should treat a failed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    Timeout,
+    Unreachable,
+    Network,
+}
+
+/// Classifies a call's status (the table in the module docs).
+fn classify(status: &Status) -> Failure {
+    match status.code() {
+        Code::DeadlineExceeded => Failure::Timeout,
+        Code::Unavailable
+        | Code::Unauthenticated
+        | Code::PermissionDenied
+        | Code::Unimplemented
+        | Code::InvalidArgument
+        | Code::Internal => Failure::Unreachable,
+        _ if connection_lost(status) => Failure::Unreachable,
+        _ => Failure::Network,
+    }
+}
+
+/// Whether an I/O error saying the connection failed is somewhere under `status`.
+fn connection_lost(status: &Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::NotConnected
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::TimedOut
+            ) {
+                return true;
+            }
+        }
+        source = err.source();
+    }
+    false
+}
+
+impl<SD> RaftNetworkV2<TypeConfig> for NetworkClient<SD>
+where
+    SD: AsyncRead + Unpin + Send + 'static,
+{
+    type SnapshotData = SD;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.unary(Unary::AppendEntries, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.unary(Unary::Vote, &rpc, &option).await
+    }
+
+    /// Forwarded to the peer: the trait's default answers "granted" without asking, which
+    /// silently turns `enable_pre_vote` off.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.unary(Unary::PreVote, &rpc, &option).await
+    }
+
+    /// Streams the snapshot: a head chunk (vote and meta), then the data read from `SD` from
+    /// its current position to its end in chunks of openraft's `snapshot_max_chunk_size`, the
+    /// last one marked done. The whole transfer is bounded by the soft TTL
+    /// (`install_snapshot_timeout`), and stops when openraft cancels it.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: SnapshotOf<TypeConfig, SD>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let deadline = option.soft_ttl();
+        let signature = snapshot.meta.signature();
+        let storage_error = |err: io::Error| {
+            StreamingError::StorageError(StorageError::from_io_error(
+                ErrorSubject::Snapshot(Some(signature.clone())),
+                ErrorVerb::Read,
+                err,
+            ))
+        };
+        let head = SnapshotHead {
+            vote,
+            meta: snapshot.meta,
+        };
+        let head =
+            codec::encode("SnapshotHead", &head).map_err(|e| storage_error(io::Error::other(e)))?;
+        let chunk_bytes = option
+            .snapshot_chunk_size()
+            .unwrap_or(DEFAULT_SNAPSHOT_CHUNK_BYTES)
+            .clamp(
+                1,
+                self.max_message_bytes
+                    .saturating_sub(CHUNK_FRAMING_BYTES)
+                    .max(1),
+            );
+        let read_error = Arc::new(Mutex::new(None));
+        let chunks = snapshot_chunks(head, snapshot.snapshot, chunk_bytes, read_error.clone());
+
+        let client = self.client.as_mut().map_err(|reason| {
+            StreamingError::Unreachable(Unreachable::from_string(reason.as_str()))
+        })?;
+        let req = request(chunks, deadline, self.authorization.as_ref());
+        let result = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            result = tokio::time::timeout(deadline, client.install_snapshot(req)) => result,
+        };
+        // A local read error ended the stream early (the peer refused the unfinished
+        // snapshot): report the cause, not the peer's refusal.
+        if let Some(err) = read_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            return Err(storage_error(err));
+        }
+        let reply = match result {
+            Err(_elapsed) => {
+                return Err(StreamingError::Timeout(Timeout {
+                    action: RPCTypes::InstallSnapshot,
+                    id: self.id,
+                    target: self.target,
+                    timeout: deadline,
+                }))
+            }
+            Ok(Err(status)) => {
+                return Err(match classify(&status) {
+                    Failure::Timeout => StreamingError::Timeout(Timeout {
+                        action: RPCTypes::InstallSnapshot,
+                        id: self.id,
+                        target: self.target,
+                        timeout: deadline,
+                    }),
+                    Failure::Unreachable => StreamingError::Unreachable(Unreachable::new(&status)),
+                    Failure::Network => StreamingError::Network(NetworkError::new(&status)),
+                })
+            }
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        codec::decode("SnapshotResponse", &reply.data)
+            .map_err(|err| StreamingError::Unreachable(Unreachable::new(&err)))
+    }
+}
+
+/// Where the snapshot stream is.
+enum ChunkState<R> {
+    Head(Vec<u8>, R),
+    Body(R),
+    Done,
+}
+
+/// The chunks of one snapshot: `head`, then `reader`'s bytes, the last chunk marked done. A
+/// read error is put in `read_error` and ends the stream without a done chunk, so the peer
+/// installs nothing.
+fn snapshot_chunks<R>(
+    head: Vec<u8>,
+    reader: R,
+    chunk_bytes: usize,
+    read_error: Arc<Mutex<Option<io::Error>>>,
+) -> impl futures_util::Stream<Item = SnapshotChunk> + Send + 'static
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    futures_util::stream::unfold(ChunkState::Head(head, reader), move |state| {
+        let read_error = read_error.clone();
+        async move {
+            match state {
+                ChunkState::Head(head, reader) => Some((
+                    SnapshotChunk {
+                        head: head.into(),
+                        data: Default::default(),
+                        done: false,
+                    },
+                    ChunkState::Body(reader),
+                )),
+                ChunkState::Body(mut reader) => match fill(&mut reader, chunk_bytes).await {
+                    Ok((data, eof)) => Some((
+                        SnapshotChunk {
+                            head: Default::default(),
+                            data: data.into(),
+                            done: eof,
+                        },
+                        if eof {
+                            ChunkState::Done
+                        } else {
+                            ChunkState::Body(reader)
+                        },
+                    )),
+                    Err(err) => {
+                        *read_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(err);
+                        None
+                    }
+                },
+                ChunkState::Done => None,
+            }
+        }
+    })
+}
+
+/// Reads up to `len` bytes; `true` when the reader reached its end.
+async fn fill<R: AsyncRead + Unpin>(reader: &mut R, len: usize) -> io::Result<(Vec<u8>, bool)> {
+    let mut buf = vec![0; len];
+    let mut filled = 0;
+    while filled < len {
+        let n = reader.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            buf.truncate(filled);
+            return Ok((buf, true));
+        }
+        filled += n;
+    }
+    Ok((buf, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt as _;
+
+    use super::*;
+
+    #[test]
+    fn deadlines_are_timeouts_dead_peers_unreachable_and_the_rest_network_errors() {
+        assert_eq!(classify(&Status::deadline_exceeded("x")), Failure::Timeout);
+        for code in [
+            Code::Unavailable,
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+            Code::Unimplemented,
+        ] {
+            assert_eq!(
+                classify(&Status::new(code, "x")),
+                Failure::Unreachable,
+                "{code:?}"
+            );
+        }
+        assert_eq!(classify(&Status::unknown("x")), Failure::Network);
+        let mut reset = Status::unknown("transport error");
+        reset.set_source(Arc::new(io::Error::from(io::ErrorKind::ConnectionReset)));
+        assert_eq!(classify(&reset), Failure::Unreachable);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_streams_as_head_then_chunks_with_the_last_marked_done() {
+        let data: Vec<u8> = (0..10u8).collect();
+        let err = Arc::new(Mutex::new(None));
+        let chunks: Vec<SnapshotChunk> =
+            snapshot_chunks(vec![7], io::Cursor::new(data), 4, err.clone())
+                .collect()
+                .await;
+        let shape: Vec<(usize, usize, bool)> = chunks
+            .iter()
+            .map(|c| (c.head.len(), c.data.len(), c.done))
+            .collect();
+        assert_eq!(
+            shape,
+            [(1, 0, false), (0, 4, false), (0, 4, false), (0, 2, true)]
+        );
+        assert!(err.lock().unwrap_or_else(PoisonError::into_inner).is_none());
+    }
+
+    /// A reader that fails after its first bytes.
+    struct Failing(bool);
+
+    impl AsyncRead for Failing {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            if self.0 {
+                return std::task::Poll::Ready(Err(io::Error::other("disk gone")));
+            }
+            self.0 = true;
+            buf.put_slice(&[1, 2]);
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_error_ends_the_stream_without_a_done_chunk() {
+        let err = Arc::new(Mutex::new(None));
+        let chunks: Vec<SnapshotChunk> = snapshot_chunks(vec![7], Failing(false), 4, err.clone())
+            .collect()
+            .await;
+        assert!(chunks.iter().all(|c| !c.done));
+        assert!(err.lock().unwrap_or_else(PoisonError::into_inner).is_some());
+    }
+}
