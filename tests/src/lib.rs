@@ -22,6 +22,9 @@ use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
+pub mod fault;
+pub mod proxy;
+
 /// How long the binary may take to start listening (debug builds, recovery).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the binary may take to exit after SIGTERM.
