@@ -93,45 +93,24 @@ impl Connections {
         (u64::from(self.max) + u64::from(self.reserved)).saturating_sub(free as u64)
     }
 
-    /// The metrics page's lines for connections, in the Prometheus text format.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-            ));
-        };
-        metric(
-            "cursorlog_connections",
-            "gauge",
-            "Client connections open now (reserved ones included).",
-            self.open(),
-        );
-        metric(
-            "cursorlog_connections_max",
-            "gauge",
-            "Most client connections served at once (--connections-max).",
-            u64::from(self.max),
-        );
-        metric(
-            "cursorlog_connections_refused_total",
-            "counter",
-            "Connections closed at once because every slot, reserved ones too, was taken.",
-            self.refused.load(Ordering::Relaxed),
-        );
-        metric(
-            "cursorlog_connections_handshake_timeouts_total",
-            "counter",
-            "Connections closed because their HTTP/2 preface did not arrive in time.",
-            self.handshake_timeouts.load(Ordering::Relaxed),
-        );
-        metric(
-            "cursorlog_accept_failures_total",
-            "counter",
-            "Failed accepts (out of descriptors, ...), each followed by a pause.",
-            self.accept_failures.load(Ordering::Relaxed),
-        );
-        out
+    /// The cap on connections (`--connections-max`).
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// Connections closed at once because every slot was taken, since start.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed because their preface did not arrive in time, since start.
+    pub fn handshake_timeouts(&self) -> u64 {
+        self.handshake_timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Failed accepts, since start.
+    pub fn accept_failures(&self) -> u64 {
+        self.accept_failures.load(Ordering::Relaxed)
     }
 }
 

@@ -1,21 +1,30 @@
-//! The metrics page over plain HTTP/1.1: a deliberately tiny responder (`GET` any path → the
-//! Prometheus text page), with the bearer token when auth is configured, and an accept loop
-//! that backs off on errors (EMFILE, ENFILE, ENOMEM) instead of spinning on them.
+//! The metrics page over plain HTTP/1.1, served by hyper: any method and path get the page
+//! ([`crate::metrics`]), with the bearer token when auth is configured (401 otherwise). One
+//! request per connection; its head must arrive within [`HEAD_TIMEOUT`] (else the connection
+//! is closed) and fit [`HEAD_BYTES_MAX`] (else 431). The accept loop backs off on errors
+//! (EMFILE, ENFILE, ENOMEM) instead of spinning on them.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cursorlog_engine::Engine;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
 
 use crate::auth::BearerToken;
-use crate::connections::Connections;
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 
-/// Largest request head read, in bytes; anything longer is refused.
+/// Largest request head (request line and headers) read, in bytes; a longer one is answered
+/// 431.
 const HEAD_BYTES_MAX: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,24 +39,29 @@ pub async fn serve(
     listener: TcpListener,
     engine: Engine,
     metrics: Arc<Metrics>,
-    connections: Arc<Connections>,
     token: Option<BearerToken>,
 ) {
-    let token = Arc::new(token);
+    let page = Arc::new(Page {
+        engine,
+        metrics,
+        token,
+    });
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_header_size(HEAD_BYTES_MAX)
+        .keep_alive(false);
     accept_loop(
         || listener.accept(),
         |(socket, peer)| {
-            let engine = engine.clone();
-            let metrics = Arc::clone(&metrics);
-            let connections = Arc::clone(&connections);
-            let token = Arc::clone(&token);
+            let page = Arc::clone(&page);
+            let service = service_fn(move |request| {
+                let page = Arc::clone(&page);
+                async move { Ok::<_, Infallible>(page.respond(&request).await) }
+            });
+            let connection = http.serve_connection(TokioIo::new(socket), service);
             tokio::spawn(async move {
-                let page = Page {
-                    engine: &engine,
-                    metrics: &metrics,
-                    connections: &connections,
-                };
-                if let Err(err) = respond(socket, &page, token.as_ref().as_ref()).await {
+                if let Err(err) = connection.await {
                     tracing::debug!(%peer, error = %err, "metrics: request failed");
                 }
             });
@@ -90,92 +104,58 @@ where
     }
 }
 
-/// What the metrics page is made of.
-struct Page<'a> {
-    engine: &'a Engine,
-    metrics: &'a Metrics,
-    connections: &'a Connections,
+/// What the metrics page is made of, and who may read it.
+struct Page {
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    token: Option<BearerToken>,
 }
 
-/// Reads one request head and answers it.
-async fn respond(
-    mut socket: TcpStream,
-    page: &Page<'_>,
-    token: Option<&BearerToken>,
-) -> io::Result<()> {
-    let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut socket)).await {
-        Ok(Ok(Some(head))) => head,
-        Ok(Ok(None)) => return reply(&mut socket, "431 Request Header Fields Too Large", "").await,
-        Ok(Err(err)) => return Err(err),
-        Err(_) => return Ok(()),
-    };
-    if let Some(token) = token {
-        if let Err(failure) = token.check_header(header(&head, b"authorization")) {
-            let body = format!("{failure}\n");
-            let status = "401 Unauthorized\r\nwww-authenticate: Bearer realm=\"cursorlog\"";
-            return reply(&mut socket, status, &body).await;
+impl Page {
+    /// The answer to `request`: 401 without the token, else the page (503 when the engine
+    /// cannot give its statistics).
+    async fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+        if let Some(token) = &self.token {
+            let presented = request.headers().get(AUTHORIZATION);
+            if let Err(failure) = token.check_header(presented.map(HeaderValue::as_bytes)) {
+                let mut response = reply(StatusCode::UNAUTHORIZED, format!("{failure}\n"));
+                response.headers_mut().insert(
+                    WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"cursorlog\""),
+                );
+                return response;
+            }
         }
-    }
-    let stats = {
-        let engine = page.engine.clone();
-        tokio::task::spawn_blocking(move || engine.stats()).await
-    };
-    match stats {
-        Ok(Ok(stats)) => {
-            let mut text = page.metrics.render(&stats);
-            text.push_str(&page.connections.render());
-            text.push_str(&page.metrics.reads.buffers().render());
-            reply(&mut socket, "200 OK", &text).await
+        let stats = {
+            let engine = self.engine.clone();
+            tokio::task::spawn_blocking(move || engine.stats()).await
+        };
+        match stats {
+            Ok(Ok(stats)) => match self.metrics.render(&stats) {
+                Ok(text) => reply(StatusCode::OK, text),
+                Err(err) => {
+                    tracing::warn!(error = %err, "metrics: encoding the page failed");
+                    reply(StatusCode::INTERNAL_SERVER_ERROR, String::new())
+                }
+            },
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "metrics: engine stats failed");
+                reply(StatusCode::SERVICE_UNAVAILABLE, String::new())
+            }
+            Err(_) => reply(StatusCode::INTERNAL_SERVER_ERROR, String::new()),
         }
-        Ok(Err(err)) => {
-            tracing::warn!(error = %err, "metrics: engine stats failed");
-            reply(&mut socket, "503 Service Unavailable", "").await
-        }
-        Err(_) => reply(&mut socket, "500 Internal Server Error", "").await,
     }
 }
 
-/// The request head (through the blank line), `None` when it exceeds [`HEAD_BYTES_MAX`].
-async fn read_head(socket: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0_u8; 1024];
-    loop {
-        if head.windows(4).any(|w| w == b"\r\n\r\n") {
-            return Ok(Some(head));
-        }
-        if head.len() > HEAD_BYTES_MAX {
-            return Ok(None);
-        }
-        let n = socket.read(&mut buf).await?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed inside the request head",
-            ));
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-}
-
-/// The value of header `name` (case-insensitive) in a request head.
-fn header<'h>(head: &'h [u8], name: &[u8]) -> Option<&'h [u8]> {
-    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
-        let colon = line.iter().position(|&b| b == b':')?;
-        let (key, value) = line.split_at(colon);
-        key.trim_ascii()
-            .eq_ignore_ascii_case(name)
-            .then(|| value[1..].trim_ascii())
-    })
-}
-
-async fn reply(socket: &mut TcpStream, status: &str, body: &str) -> io::Result<()> {
-    let response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+/// A response with `status` and `body`, typed as the page.
+fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(metrics::CONTENT_TYPE),
     );
-    socket.write_all(response.as_bytes()).await?;
-    socket.shutdown().await
+    response
 }
 
 #[cfg(test)]
@@ -183,14 +163,104 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    #[test]
-    fn headers_are_found_case_insensitively() {
-        let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\n\r\n";
-        assert_eq!(header(head, b"authorization"), Some(&b"Bearer t0k"[..]));
-        assert_eq!(header(head, b"host"), Some(&b"x"[..]));
-        assert_eq!(header(head, b"cookie"), None);
-        // The request line is not a header.
-        assert_eq!(header(b"GET /a:b HTTP/1.1\r\n\r\n", b"get /a"), None);
+    /// The metrics listener of a server on an empty data directory, with `token`.
+    async fn serving(token: Option<&str>) -> (std::net::SocketAddr, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = cursorlog_engine::Config::new(dir.path());
+        config.disk_reserve_bytes = 0;
+        let engine = Engine::open(config).unwrap();
+        let token = token.map(|t| BearerToken::new(t, &crate::auth::TokenOrigin::Env).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::new(4));
+        tokio::spawn(serve(listener, engine, metrics, token));
+        (addr, dir)
+    }
+
+    /// Sends `request` and reads until the server closes the connection.
+    async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        socket.write_all(request).await.unwrap();
+        let mut response = Vec::new();
+        socket.read_to_end(&mut response).await.unwrap();
+        String::from_utf8(response).unwrap()
+    }
+
+    /// The body of an HTTP/1.1 response.
+    fn body(response: &str) -> &str {
+        response.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+    }
+
+    #[tokio::test]
+    async fn the_token_is_asked_for_and_the_page_parses() {
+        let (addr, _dir) = serving(Some("t0k")).await;
+        for request in [
+            "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nauthorization: Bearer wrong\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nauthorization: Basic dDBr\r\n\r\n",
+        ] {
+            let response = exchange(addr, request.as_bytes()).await;
+            assert!(
+                response.starts_with("HTTP/1.1 401 Unauthorized\r\n"),
+                "{response}"
+            );
+            assert!(
+                response.contains("\r\nwww-authenticate: Bearer realm=\"cursorlog\"\r\n"),
+                "{response}"
+            );
+            assert!(!response.contains("cursorlog_"), "{response}");
+        }
+        // Header names are case-insensitive, and any path gets the page.
+        let response = exchange(
+            addr,
+            b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\n\r\n",
+        )
+        .await;
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+        assert!(
+            response.contains("\r\ncontent-type: text/plain; version=0.0.4"),
+            "{response}"
+        );
+        assert!(response.contains("\r\nconnection: close\r\n"), "{response}");
+        let page = crate::metrics::check::parse(body(&response))
+            .unwrap_or_else(|e| panic!("{e}\n{response}"));
+        assert_eq!(page.value("cursorlog_poisoned", &[]), Some(0.0));
+        assert_eq!(page.value("cursorlog_read_calls_max", &[]), Some(4.0));
+    }
+
+    #[tokio::test]
+    async fn a_request_head_over_the_limit_is_refused() {
+        let (addr, _dir) = serving(None).await;
+        let long = format!(
+            "GET /metrics HTTP/1.1\r\nx-padding: {}\r\n\r\n",
+            "p".repeat(HEAD_BYTES_MAX)
+        );
+        let response = exchange(addr, long.as_bytes()).await;
+        assert!(response.starts_with("HTTP/1.1 431 "), "{response}");
+        assert!(!response.contains("cursorlog_"), "{response}");
+        // Just under the limit is served.
+        let fits = format!(
+            "GET /metrics HTTP/1.1\r\nx-padding: {}\r\n\r\n",
+            "p".repeat(HEAD_BYTES_MAX / 2)
+        );
+        let response = exchange(addr, fits.as_bytes()).await;
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+    }
+
+    /// A client that never finishes its request head is disconnected once [`HEAD_TIMEOUT`]
+    /// has passed (on a paused clock: no real waiting), with no answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_request_head_is_cut_off_after_the_timeout() {
+        let (addr, _dir) = serving(None).await;
+        for unfinished in [&b"GET /metrics HTTP/1.1\r\nhost: x\r\n"[..], b""] {
+            let start = tokio::time::Instant::now();
+            let response = exchange(addr, unfinished).await;
+            assert_eq!(response, "");
+            let waited = start.elapsed();
+            assert!(waited >= HEAD_TIMEOUT, "{waited:?}");
+            assert!(waited < HEAD_TIMEOUT * 2, "{waited:?}");
+        }
     }
 
     #[test]

@@ -58,23 +58,9 @@ impl ReadBuffers {
             .saturating_sub(self.total.available_permits() as u64)
     }
 
-    /// The metrics page's lines for read buffers, in the Prometheus text format.
-    pub fn render(&self) -> String {
-        format!(
-            "# HELP cursorlog_reads_paused Read calls paused because their client is not \
-             reading (or --read-buffer-bytes-total is spent); they read nothing from the log \
-             until it reads again.\n# TYPE cursorlog_reads_paused gauge\n\
-             cursorlog_reads_paused {}\n\
-             # HELP cursorlog_read_buffer_bytes Bytes of Read responses buffered for clients, \
-             of --read-buffer-bytes-total.\n# TYPE cursorlog_read_buffer_bytes gauge\n\
-             cursorlog_read_buffer_bytes {}\n\
-             # HELP cursorlog_read_buffer_bytes_max The Read buffer budget \
-             (--read-buffer-bytes-total).\n# TYPE cursorlog_read_buffer_bytes_max gauge\n\
-             cursorlog_read_buffer_bytes_max {}\n",
-            self.paused(),
-            self.held(),
-            self.total_bytes
-        )
+    /// The budget of all Read calls together, in bytes (`--read-buffer-bytes-total`).
+    pub fn budget(&self) -> u64 {
+        self.total_bytes
     }
 }
 

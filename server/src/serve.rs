@@ -37,7 +37,7 @@ use crate::connections::{self, Connections};
 use crate::exposure;
 use crate::fault::FailFsyncAfter;
 use crate::frame_limit::FrameLimit;
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::metrics_http;
 use crate::read_slots::ReadSlots;
 use crate::service::CursorLogService;
@@ -296,6 +296,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         args.connections_reserved,
         Duration::from_secs(args.handshake_timeout_secs),
     );
+    metrics.register_collector(metrics::connections(Arc::clone(&conns)));
     let metrics_task = match args.metrics_listen {
         Some(addr) => {
             let l = TcpListener::bind(addr)
@@ -313,7 +314,6 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 l,
                 engine.clone(),
                 Arc::clone(&metrics),
-                Arc::clone(&conns),
                 exposure.metrics_token.clone(),
             )))
         }
