@@ -57,7 +57,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// Stops the background threads, wakes every follower (they end with `Closed`), then
-    /// stops the writer (which drains its queue, writes the shutdown marker and syncs), and
+    /// stops the writer (which drains its queue, syncs, and writes the clean-close mark), and
     /// joins them all. Idempotent.
     fn stop_threads(&self) {
         self.shutdown.store(true, Ordering::Release);
@@ -367,7 +367,7 @@ impl Engine {
         self.inner.shared.index.flush()
     }
 
-    /// Drains the writer, writes the shutdown marker, syncs, and stops; later calls on any
+    /// Drains the writer, syncs, writes the clean-close mark, and stops; later calls on any
     /// clone fail with `Closed`, and every follower ends with `Closed`.
     ///
     /// # Errors
@@ -387,7 +387,7 @@ impl Engine {
         }
     }
 
-    /// Stops the engine as a killed process would, for crash tests: no shutdown marker, no
+    /// Stops the engine as a killed process would, for crash tests: no clean-close mark, no
     /// final sync, no index flush (what was written stays in the file system's cache, as it
     /// would in the page cache). Later calls fail with `Closed`.
     #[cfg(feature = "testing")]

@@ -34,6 +34,23 @@ pub enum CorruptionKind {
         /// The LSN found.
         got: u64,
     },
+    /// Frames do not carry the log entry indexes their position requires: entries are
+    /// consecutive (one per atomic group) and every frame of a group carries the same one.
+    EntryGap {
+        /// The entry index the position requires.
+        expected: u64,
+        /// The entry index found.
+        got: u64,
+    },
+    /// A term does not follow the entry before it: a frame's term is below it or differs
+    /// from the rest of its group, or a segment header names another term for the entry
+    /// before the segment. Terms never decrease along a log.
+    TermBackwards {
+        /// The term the frame had to have at least.
+        previous: u64,
+        /// The term found.
+        got: u64,
+    },
     /// A frame of the segment says (`synced_through`) the damaged bytes had been synced, so
     /// the damage is not a torn unsynced write and cutting it would drop acknowledged data.
     DamageBeforeValidRecords,
@@ -67,6 +84,12 @@ impl std::fmt::Display for CorruptionKind {
             Self::BadBody(why) => write!(f, "undecodable record body: {why}"),
             Self::LsnGap { expected, got } => {
                 write!(f, "lsn gap (expected {expected}, found {got})")
+            }
+            Self::EntryGap { expected, got } => {
+                write!(f, "entry gap (expected entry {expected}, found {got})")
+            }
+            Self::TermBackwards { previous, got } => {
+                write!(f, "term goes backwards (term {got} after term {previous})")
             }
             Self::MissingSegment => f.write_str("segment file is missing"),
             Self::Truncated {

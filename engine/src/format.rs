@@ -1,20 +1,22 @@
 //! On-disk constants: segment header, record frame, segment names. See `engine/FORMAT.md`.
 //!
 //! ```text
-//! segment header (64 bytes)               record frame header (32 bytes) + body
+//! segment header (80 bytes)               record frame header (48 bytes) + body
 //! 0  magic         [u8; 8]                0  body_len       u32 LE
-//! 8  version       u32 LE (2)             4  crc32          u32 LE (over bytes 8.. + body)
+//! 8  version       u32 LE (3)             4  crc32          u32 LE (over bytes 8.. + body)
 //! 12 sync_policy   u8 (0/1/2), 3 x 0      8  lsn            u64 LE
 //! 16 base_lsn      u64 LE                 16 synced_through u64 LE (segment offset)
-//! 24 term          u64 LE                 24 group_left     u32 LE
-//! 32 boot_id       [u8; 16]               28 record_type    u8
-//! 48 created_at_ms u64 LE                 29 reserved       [u8; 3] (0)
-//! 56 reserved      u32 (0)
-//! 60 header_crc    u32 LE (over 0..60)
+//! 24 term          u64 LE                 24 entry          u64 LE (the group's log entry)
+//! 32 boot_id       [u8; 16]               32 term           u64 LE (the entry's term)
+//! 48 created_at_ms u64 LE                 40 group_left     u32 LE
+//! 56 base_entry    u64 LE                 44 record_type    u8
+//! 64 prev_term     u64 LE                 45 reserved       [u8; 3] (0)
+//! 72 reserved      u32 (0)
+//! 76 header_crc    u32 LE (over 0..76)
 //! ```
 //!
-//! Format version 1 (24-byte frames without `synced_through`, 32-byte segment headers) is
-//! read only to upgrade a directory on open ([`legacy_v1`]).
+//! Format versions 1 and 2 are read only to upgrade a directory on open ([`legacy_v1`],
+//! [`legacy_v2`]).
 
 use std::mem::size_of;
 
@@ -24,7 +26,7 @@ use crate::config::SyncPolicy;
 /// CR LF / SUB / LF tail detect text-mode mangling.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"\x89CLG\r\n\x1a\n";
 /// Format version written by this build.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Version field offset (the magic is at 0).
 pub const HDR_VERSION: usize = SEGMENT_MAGIC.len();
@@ -38,8 +40,12 @@ pub const HDR_TERM: usize = HDR_BASE_LSN + size_of::<u64>();
 pub const HDR_BOOT_ID: usize = HDR_TERM + size_of::<u64>();
 /// Creation time field offset.
 pub const HDR_CREATED: usize = HDR_BOOT_ID + BOOT_ID_BYTES;
+/// Base entry field offset: the log entry index of the segment's first group.
+pub const HDR_BASE_ENTRY: usize = HDR_CREATED + size_of::<u64>();
+/// Previous term field offset: the term of the entry before `base_entry`.
+pub const HDR_PREV_TERM: usize = HDR_BASE_ENTRY + size_of::<u64>();
 /// Reserved field offset.
-pub const HDR_RESERVED: usize = HDR_CREATED + size_of::<u64>();
+pub const HDR_RESERVED: usize = HDR_PREV_TERM + size_of::<u64>();
 /// Header CRC field offset (the CRC covers every byte before it).
 pub const HDR_CRC: usize = HDR_RESERVED + size_of::<u32>();
 /// Segment header length in bytes.
@@ -55,8 +61,12 @@ pub const FRAME_CRC: usize = FRAME_BODY_LEN + size_of::<u32>();
 pub const FRAME_LSN: usize = FRAME_CRC + size_of::<u32>();
 /// Synced-through field offset.
 pub const FRAME_SYNCED: usize = FRAME_LSN + size_of::<u64>();
+/// Entry field offset: the log entry (one atomic group) the frame belongs to.
+pub const FRAME_ENTRY: usize = FRAME_SYNCED + size_of::<u64>();
+/// Term field offset: the term of the frame's entry.
+pub const FRAME_TERM: usize = FRAME_ENTRY + size_of::<u64>();
 /// Group-left field offset.
-pub const FRAME_GROUP_LEFT: usize = FRAME_SYNCED + size_of::<u64>();
+pub const FRAME_GROUP_LEFT: usize = FRAME_TERM + size_of::<u64>();
 /// Record type field offset.
 pub const FRAME_TYPE: usize = FRAME_GROUP_LEFT + size_of::<u32>();
 /// Reserved bytes offset.
@@ -82,12 +92,12 @@ pub const INDEX_DIR: &str = "index";
 pub const LOCK_FILE: &str = "LOCK";
 
 const _: () = assert!(
-    SEGMENT_HEADER_BYTES == 64,
-    "segment header is 64 bytes (FORMAT.md)"
+    SEGMENT_HEADER_BYTES == 80,
+    "segment header is 80 bytes (FORMAT.md)"
 );
 const _: () = assert!(
-    FRAME_HEADER_BYTES == 32,
-    "frame header is 32 bytes (FORMAT.md)"
+    FRAME_HEADER_BYTES == 48,
+    "frame header is 48 bytes (FORMAT.md)"
 );
 const _: () = assert!(SEGMENT_HEADER_BYTES <= 4096, "segment header fits a page");
 const _: () = assert!(
@@ -117,10 +127,10 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 pub struct SegmentHeader {
     /// LSN of the first record; equals the number in the file name.
     pub base_lsn: u64,
-    /// The log's term when the segment was created. An open that starts a new segment (the
-    /// sync policy or the machine's boot changed, or the tail ends in a clean-shutdown mark
-    /// under `interval`/`never`) starts a new term; an open that continues the tail keeps
-    /// its term (a replicated log would take its leader's term here).
+    /// The writer's term when the segment was created. A single node starts a new term
+    /// whenever an open starts a new segment (the sync policy or the machine's boot
+    /// changed); an open that continues the tail keeps its term. Every entry a single node
+    /// writes carries its writer's term (a replicated log's entries carry their leader's).
     pub term: u64,
     /// The sync policy of the writer that created the segment and wrote every frame in it.
     pub sync: SyncPolicyTag,
@@ -130,6 +140,14 @@ pub struct SegmentHeader {
     pub boot_id: [u8; BOOT_ID_BYTES],
     /// When the segment was created, ms since the Unix epoch.
     pub created_at_ms: u64,
+    /// The log entry index of the segment's first group (entries are consecutive across
+    /// the log, one per atomic group): the entry counter survives even when every earlier
+    /// segment is retired and this one holds nothing yet.
+    pub base_entry: u64,
+    /// The term of entry `base_entry - 1` (0 when there is none): the log id of the last
+    /// entry before this segment, which a replicated log reports once the segments before
+    /// are purged.
+    pub prev_term: u64,
 }
 
 /// The sync policy, as one header byte.
@@ -181,7 +199,9 @@ impl SegmentHeader {
         h[HDR_BASE_LSN..HDR_TERM].copy_from_slice(&self.base_lsn.to_le_bytes());
         h[HDR_TERM..HDR_BOOT_ID].copy_from_slice(&self.term.to_le_bytes());
         h[HDR_BOOT_ID..HDR_CREATED].copy_from_slice(&self.boot_id);
-        h[HDR_CREATED..HDR_RESERVED].copy_from_slice(&self.created_at_ms.to_le_bytes());
+        h[HDR_CREATED..HDR_BASE_ENTRY].copy_from_slice(&self.created_at_ms.to_le_bytes());
+        h[HDR_BASE_ENTRY..HDR_PREV_TERM].copy_from_slice(&self.base_entry.to_le_bytes());
+        h[HDR_PREV_TERM..HDR_RESERVED].copy_from_slice(&self.prev_term.to_le_bytes());
         let crc = crc32fast::hash(&h[..HDR_CRC]);
         h[HDR_CRC..].copy_from_slice(&crc.to_le_bytes());
         h
@@ -223,7 +243,7 @@ pub fn segment_version(b: &[u8]) -> Result<u32, HeaderError> {
     Ok(le_u32(b, HDR_VERSION))
 }
 
-/// Checks a version-2 segment header and returns what it says.
+/// Checks a current-version segment header and returns what it says.
 ///
 /// # Errors
 /// The first check that fails, in the order magic, version, CRC, fields.
@@ -254,6 +274,8 @@ pub fn decode_segment_header(b: &[u8]) -> Result<SegmentHeader, HeaderError> {
         sync,
         boot_id,
         created_at_ms: le_u64(h, HDR_CREATED),
+        base_entry: le_u64(h, HDR_BASE_ENTRY),
+        prev_term: le_u64(h, HDR_PREV_TERM),
     })
 }
 
@@ -286,6 +308,11 @@ pub struct FrameHeader {
     /// written: damage below it, found by recovery, is corruption of synced data; damage at
     /// or above the highest such claim is an unsynced write torn by a crash.
     pub synced_through: u64,
+    /// The log entry the frame belongs to: every frame of one atomic group carries the
+    /// same entry index, and entries are consecutive across the log (one per group).
+    pub entry: u64,
+    /// The term of that entry (the same in every frame of the group).
+    pub term: u64,
     /// Records that follow this one in its atomic group.
     pub group_left: u32,
     /// Record type tag.
@@ -305,6 +332,8 @@ impl FrameHeader {
             crc: le_u32(b, FRAME_CRC),
             lsn: le_u64(b, FRAME_LSN),
             synced_through: le_u64(b, FRAME_SYNCED),
+            entry: le_u64(b, FRAME_ENTRY),
+            term: le_u64(b, FRAME_TERM),
             group_left: le_u32(b, FRAME_GROUP_LEFT),
             record_type: b[FRAME_TYPE],
         }
@@ -315,7 +344,9 @@ impl FrameHeader {
         let mut h = [0u8; FRAME_HEADER_BYTES];
         h[FRAME_BODY_LEN..FRAME_CRC].copy_from_slice(&self.body_len.to_le_bytes());
         h[FRAME_LSN..FRAME_SYNCED].copy_from_slice(&self.lsn.to_le_bytes());
-        h[FRAME_SYNCED..FRAME_GROUP_LEFT].copy_from_slice(&self.synced_through.to_le_bytes());
+        h[FRAME_SYNCED..FRAME_ENTRY].copy_from_slice(&self.synced_through.to_le_bytes());
+        h[FRAME_ENTRY..FRAME_TERM].copy_from_slice(&self.entry.to_le_bytes());
+        h[FRAME_TERM..FRAME_GROUP_LEFT].copy_from_slice(&self.term.to_le_bytes());
         h[FRAME_GROUP_LEFT..FRAME_TYPE].copy_from_slice(&self.group_left.to_le_bytes());
         h[FRAME_TYPE] = self.record_type;
         let crc = frame_crc(&h, body);
@@ -338,76 +369,8 @@ pub(crate) fn frame_crc_contiguous(frame: &[u8]) -> u32 {
     crc32fast::hash(frame.get(FRAME_LSN..).unwrap_or_default())
 }
 
-/// Format version 1, read only to upgrade a data directory to the current version: a
-/// 32-byte segment header (magic, version, reserved, base LSN, CRC, reserved) and 24-byte
-/// frame headers (body_len, crc, lsn, group_left, record_type, reserved) with the CRC over
-/// bytes 8.. of the header and the body. Record bodies are the same in both versions.
-pub(crate) mod legacy_v1 {
-    use super::{le_u32, le_u64, HeaderError, SEGMENT_MAGIC};
-
-    /// The version number.
-    pub const VERSION: u32 = 1;
-    /// Segment header bytes.
-    pub const SEGMENT_HEADER_BYTES: usize = 32;
-    /// Frame header bytes.
-    pub const FRAME_HEADER_BYTES: usize = 24;
-
-    /// A version-1 frame header.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub struct FrameHeader {
-        pub body_len: u32,
-        pub crc: u32,
-        pub lsn: u64,
-        pub group_left: u32,
-        pub record_type: u8,
-    }
-
-    /// Checks a version-1 segment header; returns its base LSN.
-    pub fn decode_segment_header(b: &[u8]) -> Result<u64, HeaderError> {
-        let h = b.get(..SEGMENT_HEADER_BYTES).ok_or(HeaderError::Short)?;
-        if h.get(..8) != Some(&SEGMENT_MAGIC[..]) {
-            return Err(HeaderError::BadMagic);
-        }
-        let version = le_u32(h, 8);
-        if version != VERSION {
-            return Err(HeaderError::UnknownVersion(version));
-        }
-        let expected = le_u32(h, 24);
-        let got = crc32fast::hash(h.get(..24).unwrap_or_default());
-        if got != expected {
-            return Err(HeaderError::Crc { got, expected });
-        }
-        Ok(le_u64(h, 16))
-    }
-
-    /// Reads and checks (length bound and CRC) the version-1 frame at the start of `buf`;
-    /// returns its header and body.
-    pub fn check_frame(buf: &[u8]) -> Result<(FrameHeader, &[u8]), String> {
-        let h = buf
-            .get(..FRAME_HEADER_BYTES)
-            .ok_or_else(|| "truncated frame header".to_owned())?;
-        let header = FrameHeader {
-            body_len: le_u32(h, 0),
-            crc: le_u32(h, 4),
-            lsn: le_u64(h, 8),
-            group_left: le_u32(h, 16),
-            record_type: h.get(20).copied().unwrap_or(0),
-        };
-        if header.body_len > super::BODY_BYTES_MAX {
-            return Err(format!("bad frame length {}", header.body_len));
-        }
-        let end = FRAME_HEADER_BYTES + header.body_len as usize;
-        let frame = buf.get(..end).ok_or_else(|| "truncated frame".to_owned())?;
-        let got = crc32fast::hash(frame.get(8..).unwrap_or_default());
-        if got != header.crc {
-            return Err(format!(
-                "crc mismatch: got {got:#010x}, stored {:#010x}",
-                header.crc
-            ));
-        }
-        Ok((header, frame.get(FRAME_HEADER_BYTES..).unwrap_or_default()))
-    }
-}
+pub(crate) mod legacy;
+pub(crate) use legacy::{legacy_v1, legacy_v2};
 
 #[cfg(test)]
 mod tests {
@@ -436,6 +399,8 @@ mod tests {
             sync: SyncPolicyTag::Interval,
             boot_id: [9; BOOT_ID_BYTES],
             created_at_ms: 1_700_000_000_000,
+            base_entry: 12,
+            prev_term: 6,
         }
     }
 
@@ -471,8 +436,8 @@ mod tests {
             .collect();
         assert_eq!(
             hex,
-            "89434c470d0a1a0a02000000010000002a00000000000000070000000000000009090909090909090909090909090909\
-             0068e5cf8b010000000000004eea4bd9"
+            "89434c470d0a1a0a03000000010000002a00000000000000070000000000000009090909090909090909090909090909\
+             0068e5cf8b0100000c00000000000000060000000000000000000000f15733f0"
         );
     }
 

@@ -125,8 +125,9 @@ pub(crate) enum Record {
     },
     /// Replaces a session's opaque state (the front-end's, e.g. MCP `initialize` parameters).
     SessionState(SessionStateBody),
-    /// The last record of a clean shutdown: everything before it was synced. Changes no
-    /// state; tells the next open that the previous run ended cleanly.
+    /// The last record of a clean shutdown in format versions 1 and 2 (version 3 writes the
+    /// `CLEAN` file instead, which takes no LSN): read, never written. Changes no state; a
+    /// log that ends in it closed cleanly.
     Shutdown {
         at_ms: u64,
     },
@@ -503,6 +504,21 @@ impl<'a> SliceReader<'a> {
     }
 }
 
+/// The frame header fields a writer decides (the rest come from the record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FrameStamp {
+    /// The record's LSN.
+    pub lsn: u64,
+    /// The log entry (atomic group) it belongs to.
+    pub entry: u64,
+    /// That entry's term.
+    pub term: u64,
+    /// Records that follow it in its group.
+    pub group_left: u32,
+    /// The segment offset below which everything was durable when it was written.
+    pub synced_through: u64,
+}
+
 /// Appends one frame for `record` to `out` and returns the frame's length in bytes.
 ///
 /// # Errors
@@ -510,9 +526,7 @@ impl<'a> SliceReader<'a> {
 /// is a bug guard) or cannot be encoded.
 pub(crate) fn encode_frame(
     record: &Record,
-    lsn: u64,
-    group_left: u32,
-    synced_through: u64,
+    stamp: FrameStamp,
     out: &mut Vec<u8>,
 ) -> Result<u32, String> {
     let start = out.len();
@@ -526,9 +540,11 @@ pub(crate) fn encode_frame(
     let header = FrameHeader {
         body_len,
         crc: 0,
-        lsn,
-        synced_through,
-        group_left,
+        lsn: stamp.lsn,
+        synced_through: stamp.synced_through,
+        entry: stamp.entry,
+        term: stamp.term,
+        group_left: stamp.group_left,
         record_type: record.tag(),
     };
     let (head, body) = out.split_at_mut(start + FRAME_HEADER_BYTES);

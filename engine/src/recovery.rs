@@ -267,16 +267,29 @@ fn replay(log: &Log, index: &Index, applied: u64, last_lsn: u64) -> Result<u64> 
             continue;
         }
         // Positional reads, window by window: no segment is mapped (a fault is an error).
-        replayed += replay_segment(seg, &mut Windowed::new(seg), next_base, index, applied)?;
+        let next_entry = match segments.get(i + 1) {
+            Some(n) => Some(n.header()?),
+            None => None,
+        };
+        replayed += replay_segment(
+            seg,
+            &mut Windowed::new(seg),
+            next_base,
+            next_entry.map(|h| (h.base_entry, h.prev_term)),
+            index,
+            applied,
+        )?;
     }
     Ok(replayed)
 }
 
-/// Replays one segment, checking it ends exactly where the next one begins.
+/// Replays one segment, checking it ends exactly where the next one begins: at the LSN,
+/// and (`next_entry`, when there is a next segment) at the entry and term its header names.
 fn replay_segment<S: FrameSource>(
     seg: &Segment,
     src: &mut S,
     next_base: u64,
+    next_entry: Option<(u64, u64)>,
     index: &Index,
     applied: u64,
 ) -> Result<u64> {
@@ -320,6 +333,26 @@ fn replay_segment<S: FrameSource>(
                 got: next_base,
             },
         ));
+    }
+    if let Some((base_entry, prev_term)) = next_entry {
+        if end.last_entry + 1 != base_entry {
+            return Err(seg.corruption(
+                end.valid_end,
+                CorruptionKind::EntryGap {
+                    expected: end.last_entry + 1,
+                    got: base_entry,
+                },
+            ));
+        }
+        if end.last_term != prev_term {
+            return Err(seg.corruption(
+                end.valid_end,
+                CorruptionKind::TermBackwards {
+                    previous: end.last_term,
+                    got: prev_term,
+                },
+            ));
+        }
     }
     Ok(replayed)
 }

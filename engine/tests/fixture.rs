@@ -450,15 +450,21 @@ fn every_format_version_has_a_fixture_that_serves_identically() {
     serves_identically(newest);
 }
 
-/// The version-1 fixture upgraded on a simulated disk that loses power at each step of the
-/// upgrade in turn (each rewrite, sync, rename, directory sync): the next open finishes the
-/// upgrade and serves exactly what version 1 served.
+/// The version-1 and version-2 fixtures upgraded on a simulated disk that loses power at
+/// each step of the upgrade in turn (each rewrite, sync, rename, directory sync): the next
+/// open finishes the upgrade (numbering entries on from the segments already upgraded) and
+/// serves exactly what the old version served.
 #[test]
 fn a_crash_at_any_step_of_the_upgrade_loses_nothing() {
+    crash_at_any_step_of_the_upgrade(1);
+    crash_at_any_step_of_the_upgrade(2);
+}
+
+fn crash_at_any_step_of_the_upgrade(version: u32) {
     use cursorlog_engine::{Fault, FaultyFs, FileSystem};
     use std::sync::Arc;
 
-    let fixture = fixture_dir(1);
+    let fixture = fixture_dir(version);
     let expected = std::fs::read_to_string(fixture.join("expected.txt")).unwrap();
     for step in 1..10_000u64 {
         let fs = FaultyFs::new(step);
@@ -477,7 +483,7 @@ fn a_crash_at_any_step_of_the_upgrade_loses_nothing() {
         if fs.ops() < before + step {
             // The open finished before the planned crash: every step has been covered.
             let e = opened.expect("an upgrade without a crash");
-            assert_eq!(describe(&e, 1), expected, "upgraded without a crash");
+            assert_eq!(describe(&e, version), expected, "upgraded without a crash");
             fs.clear_faults();
             e.close().unwrap();
             let crashes = step - 1;
@@ -490,7 +496,11 @@ fn a_crash_at_any_step_of_the_upgrade_loses_nothing() {
         fs.revive();
         let e = Engine::open_with_fs(serving_config(tmp.path()), Arc::new(fs.clone()))
             .unwrap_or_else(|err| panic!("after a crash at step {step}: {err}"));
-        assert_eq!(describe(&e, 1), expected, "after a crash at step {step}");
+        assert_eq!(
+            describe(&e, version),
+            expected,
+            "after a crash at step {step}"
+        );
         e.close().unwrap();
     }
     panic!("the upgrade did not finish within the steps tried");

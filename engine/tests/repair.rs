@@ -233,10 +233,10 @@ fn a_header_naming_another_lsn_is_refused_then_cut() {
     let segs = segments(dir.path());
     let last = segs.last().unwrap();
     let mut bytes = std::fs::read(last).unwrap();
-    // base_lsn is bytes 16..24 of the header; the header CRC (bytes 60..64) covers 0..60.
+    // base_lsn is bytes 16..24 of the header; the header CRC (bytes 76..80) covers 0..76.
     bytes[16] ^= 0x01;
-    let crc = crc32fast::hash(&bytes[..60]);
-    bytes[60..64].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..76]);
+    bytes[76..80].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(last, bytes).unwrap();
     assert!(Engine::open(config(dir.path())).is_err());
     assert!(repair_dir(dir.path(), false).is_err());

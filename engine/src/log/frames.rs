@@ -5,7 +5,10 @@
 use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Result};
-use crate::format::{FrameHeader, BODY_BYTES_MAX, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::format::{
+    FrameHeader, BODY_BYTES_MAX, FRAME_HEADER_BYTES, HDR_BASE_ENTRY, HDR_PREV_TERM,
+    SEGMENT_HEADER_BYTES,
+};
 use crate::log::{Position, Segment};
 use crate::record::{check_frame, FrameError, Record};
 
@@ -118,6 +121,10 @@ pub(crate) struct WalkEnd {
     pub valid_end: u64,
     /// LSN of the last record of the last complete group (`base - 1` if none).
     pub last_lsn: u64,
+    /// Entry index of the last complete group (the header's `base_entry - 1` if none).
+    pub last_entry: u64,
+    /// Term of that entry (the header's `prev_term` if none).
+    pub last_term: u64,
     /// Records in complete groups.
     pub records: u64,
     /// Where and why the walk stopped before the end of the bytes, if it did (an
@@ -136,8 +143,10 @@ pub(crate) enum Step<'a> {
     GroupEnd,
 }
 
-/// Walks the frames of one segment from its header on: checks each frame's length, CRC
-/// and LSN (consecutive from `base_lsn`) and hands each to `visit`, then a
+/// Walks the frames of one segment from its header on: checks each frame's length, CRC,
+/// LSN (consecutive from `base_lsn`), entry (consecutive per group from the header's
+/// `base_entry`, the same in every frame of a group) and term (the same in a group, never
+/// below the entry before's, starting from the header's `prev_term`) and hands each to `visit`, then a
 /// [`Step::GroupEnd`] after the last frame of each group. Stops at the first frame that
 /// does not check, or that `visit` rejects (`Err(kind)` inside `Ok`: e.g. a body that does
 /// not decode): that frame is damage like a bad CRC. Never panics on any bytes.
@@ -150,9 +159,16 @@ pub(crate) fn walk<S: FrameSource>(
     mut visit: impl FnMut(Step<'_>) -> Result<std::result::Result<(), CorruptionKind>>,
 ) -> Result<WalkEnd> {
     let header_end = SEGMENT_HEADER_BYTES as u64;
+    // The header was checked by whoever opened the segment; the walk needs its entry start.
+    let (base_entry, prev_term) = {
+        let h = src.at(0, header_end)?;
+        (le_u64_at(h, HDR_BASE_ENTRY), le_u64_at(h, HDR_PREV_TERM))
+    };
     let mut end = WalkEnd {
         valid_end: header_end,
         last_lsn: base_lsn.saturating_sub(1),
+        last_entry: base_entry.saturating_sub(1),
+        last_term: prev_term,
         records: 0,
         damage: None,
         synced_through: header_end,
@@ -160,6 +176,7 @@ pub(crate) fn walk<S: FrameSource>(
     let mut offset = header_end;
     let mut expected_lsn = base_lsn;
     let mut in_group = 0u64;
+    let mut group_term = None;
     let total = src.len();
     while offset < total {
         let head = src.at(offset, FRAME_HEADER_BYTES as u64)?;
@@ -185,6 +202,29 @@ pub(crate) fn walk<S: FrameSource>(
             ));
             break;
         }
+        if header.entry != end.last_entry + 1 {
+            end.damage = Some((
+                offset,
+                CorruptionKind::EntryGap {
+                    expected: end.last_entry + 1,
+                    got: header.entry,
+                },
+            ));
+            break;
+        }
+        // The group's first frame sets its term; the rest must repeat it.
+        let least_term = group_term.unwrap_or(end.last_term);
+        if header.term < least_term || group_term.is_some_and(|t| t != header.term) {
+            end.damage = Some((
+                offset,
+                CorruptionKind::TermBackwards {
+                    previous: least_term,
+                    got: header.term,
+                },
+            ));
+            break;
+        }
+        group_term = Some(header.term);
         let body = bytes
             .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
             .unwrap_or_default();
@@ -209,6 +249,9 @@ pub(crate) fn walk<S: FrameSource>(
             end.records += in_group;
             in_group = 0;
             end.last_lsn = expected_lsn - 1;
+            end.last_entry = header.entry;
+            end.last_term = header.term;
+            group_term = None;
             end.valid_end = offset;
         }
     }
@@ -250,6 +293,13 @@ pub(crate) fn walk_groups<S: FrameSource>(
         }
         Ok(Ok(()))
     })
+}
+
+/// The little-endian u64 at `at` in `b` (0 where `b` is too short).
+fn le_u64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// The frame length a frame header at the start of `b` claims, if it is within bounds.

@@ -22,6 +22,8 @@ use crate::error::{Error, Result};
 use crate::format::{segment_name, SegmentHeader, SyncPolicyTag, BOOT_ID_BYTES};
 use crate::fs::FileSystem;
 
+mod clean;
+pub(crate) mod durable_file;
 pub(crate) mod events;
 pub(crate) mod frames;
 mod open;
@@ -29,6 +31,7 @@ mod segment;
 mod summary;
 mod upgrade;
 
+pub(crate) use clean::CleanMark;
 pub(crate) use open::{header_error, list_segments, open, PreviousRun};
 pub(crate) use segment::{sync_dir, Segment};
 pub(crate) use summary::Summaries;
@@ -185,18 +188,31 @@ pub(crate) enum WriteError {
     Fatal(Error),
 }
 
-/// The writer's end of the log: the active segment, the next LSN and the sync state. Only
-/// the writer thread holds it.
+/// A place in the log: the LSN the next record gets and the entry (atomic group) it
+/// belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogPoint {
+    /// The next record's LSN.
+    pub lsn: u64,
+    /// The next group's entry index.
+    pub entry: u64,
+    /// The term of entry `entry - 1` (0 when there is none).
+    pub prev_term: u64,
+}
+
+/// The writer's end of the log: the active segment, the next LSN and entry, and the sync
+/// state. Only the writer thread holds it.
 #[derive(Debug)]
 pub(crate) struct LogWriter {
     log: Arc<Log>,
     active: Arc<Segment>,
-    /// The LSN the next record gets. The writer advances it while planning a group and
-    /// puts it back ([`LogWriter::rewind`]) if the group is not written.
-    pub next_lsn: u64,
+    /// Where the next group goes. The writer advances it as it frames each group
+    /// ([`LogWriter::advance`]) and puts it back ([`LogWriter::rewind`]) if a planned
+    /// group is not written.
+    next: LogPoint,
     /// Offset in the active segment below which everything is durable.
     synced_through: u64,
-    /// Header fields of the segments this writer creates.
+    /// The term of every entry this writer frames, and of the segments it creates.
     term: u64,
     sync: SyncPolicyTag,
     boot_id: [u8; BOOT_ID_BYTES],
@@ -207,7 +223,7 @@ impl LogWriter {
     pub(crate) fn new(
         log: Arc<Log>,
         active: Arc<Segment>,
-        next_lsn: u64,
+        next: LogPoint,
         term: u64,
         policy: SyncPolicy,
         boot_id: [u8; BOOT_ID_BYTES],
@@ -219,7 +235,7 @@ impl LogWriter {
         Self {
             log,
             active,
-            next_lsn,
+            next,
             synced_through,
             term,
             sync: SyncPolicyTag::of(policy),
@@ -233,20 +249,61 @@ impl LogWriter {
         &self.active
     }
 
-    /// The offset below which the active segment is durable: every frame written next
-    /// carries it (see [`crate::format::FrameHeader::synced_through`]).
-    pub(crate) fn synced_through(&self) -> u64 {
-        self.synced_through
-    }
-
     /// True when bytes were written since the last sync.
     pub(crate) fn has_unsynced(&self) -> bool {
         self.active.len() > self.synced_through
     }
 
-    /// Puts the next LSN back to `lsn` after a planned group was not written.
-    pub(crate) fn rewind(&mut self, lsn: u64) {
-        self.next_lsn = lsn;
+    /// The LSN the next record gets.
+    pub(crate) fn next_lsn(&self) -> u64 {
+        self.next.lsn
+    }
+
+    /// Where the next group goes (to [`LogWriter::rewind`] to).
+    pub(crate) fn next(&self) -> LogPoint {
+        self.next
+    }
+
+    /// The frame header fields of record `i` of a group of `count` framed next.
+    pub(crate) fn stamp(&self, i: usize, count: usize) -> crate::record::FrameStamp {
+        crate::record::FrameStamp {
+            lsn: self.next.lsn + i as u64,
+            entry: self.next.entry,
+            term: self.term,
+            group_left: u32::try_from(count.saturating_sub(i + 1)).unwrap_or(u32::MAX),
+            synced_through: self.synced_through,
+        }
+    }
+
+    /// Moves past a framed group of `count` records (one entry; none for an empty group).
+    pub(crate) fn advance(&mut self, count: usize) {
+        if count > 0 {
+            self.next = LogPoint {
+                lsn: self.next.lsn + count as u64,
+                entry: self.next.entry + 1,
+                prev_term: self.term,
+            };
+        }
+    }
+
+    /// Puts the next LSN and entry back to `to` after a planned group was not written.
+    pub(crate) fn rewind(&mut self, to: LogPoint) {
+        self.next = to;
+    }
+
+    /// What a clean close leaves beside the log: where it ends (everything synced).
+    ///
+    /// # Errors
+    /// I/O failures (syncing the tail).
+    pub(crate) fn close_cleanly(&mut self) -> Result<()> {
+        self.sync()?;
+        let mark = CleanMark {
+            segment: self.active.base_lsn(),
+            len: self.active.len(),
+            last_lsn: self.next.lsn - 1,
+            last_entry: self.next.entry - 1,
+        };
+        mark.write(self.log.fs().as_ref(), self.log.dir())
     }
 
     /// Seals the active segment and starts a new one once it holds `max_bytes`. The new
@@ -262,11 +319,13 @@ impl LogWriter {
             return Ok(());
         }
         let header = SegmentHeader {
-            base_lsn: self.next_lsn,
+            base_lsn: self.next.lsn,
             term: self.term,
             sync: self.sync,
             boot_id: self.boot_id,
             created_at_ms: self.clock.now_ms(),
+            base_entry: self.next.entry,
+            prev_term: self.next.prev_term,
         };
         let next = match Segment::create(Arc::clone(self.log.fs()), self.log.dir(), &header) {
             Ok(next) => Arc::new(next),
@@ -294,7 +353,7 @@ impl LogWriter {
         self.log.insert(Arc::clone(&next));
         self.synced_through = next.len();
         self.active = next;
-        tracing::debug!(base_lsn = self.next_lsn, "rolled to a new segment");
+        tracing::debug!(base_lsn = self.next.lsn, "rolled to a new segment");
         Ok(())
     }
 

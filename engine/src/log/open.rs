@@ -14,13 +14,15 @@ use crate::format::{
 };
 use crate::fs::FileSystem;
 use crate::log::frames::{classify_tail, walk, Step, TailDamage};
-use crate::log::{sync_dir, upgrade, Log, LogWriter, Segment};
+use crate::log::{sync_dir, upgrade, CleanMark, Log, LogPoint, LogWriter, Segment};
 use crate::record::tag;
 
 /// How the run that wrote the log before this open ended, as far as the log can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PreviousRun {
-    /// Its last record was the shutdown marker: it closed cleanly, everything synced.
+    /// It closed cleanly, everything synced: it left the clean-close mark and the log
+    /// ends exactly where the mark says (or, written by format version 2 or older, its last
+    /// record was the shutdown marker).
     pub clean: bool,
     /// The sync policy it wrote with.
     pub sync: SyncPolicyTag,
@@ -99,7 +101,10 @@ pub(crate) fn open(
     clock: &Arc<dyn Clock>,
 ) -> Result<Opened> {
     let boot_id = fs.boot_id();
-    let upgraded_from = upgrade::upgrade_if_needed(fs.as_ref(), dir, clock.as_ref(), boot_id)?;
+    let upgraded = upgrade::upgrade_if_needed(fs.as_ref(), dir, clock.as_ref(), boot_id)?;
+    let upgraded_from = upgraded.map(|u| u.from);
+    // Read and removed before anything else can change the log.
+    let clean_mark = CleanMark::take(fs.as_ref(), dir)?;
     let mut found = list_segments(fs.as_ref(), dir)?;
 
     // The last segment may be a torn creation (header never fully written): it holds nothing.
@@ -124,7 +129,12 @@ pub(crate) fn open(
         clock,
     };
     let Some((tail_base, tail_path)) = found.last().cloned() else {
-        let writer = run.start_segment(&log, 1, 1)?;
+        let start = LogPoint {
+            lsn: 1,
+            entry: 1,
+            prev_term: 0,
+        };
+        let writer = run.start_segment(&log, start, 1)?;
         return Ok(Opened {
             log,
             writer,
@@ -184,11 +194,21 @@ pub(crate) fn open(
             );
         }
     }
+    // An upgrade that cut a torn tail may have cut a later run's write after the record.
+    let legacy_mark = last_type == Some(tag::SHUTDOWN) && !upgraded.is_some_and(|u| u.tail_cut);
     let previous = PreviousRun {
-        // Clean means "everything acknowledged since is in the log": the last complete group
-        // is the shutdown mark and nothing after it was torn away (a torn group after the
-        // mark is a later run's write that a crash cut short).
-        clean: last_type == Some(tag::SHUTDOWN) && bytes_truncated == 0,
+        // Clean means "everything acknowledged since is in the log": the log ends exactly
+        // where the clean close's mark says, and nothing after it was torn away (a torn
+        // group after it is a later run's write that a crash cut short).
+        clean: bytes_truncated == 0
+            && (clean_mark.is_some_and(|m| {
+                m == CleanMark {
+                    segment: tail_base,
+                    len: tail_bytes.len() as u64,
+                    last_lsn: end.last_lsn,
+                    last_entry: end.last_entry,
+                }
+            }) || legacy_mark),
         sync: tail_header.sync,
         rebooted: boot_id.is_none() || boot_id != Some(tail_header.boot_id),
     };
@@ -215,18 +235,23 @@ pub(crate) fn open(
     if bytes_truncated > 0 {
         tail.truncate(end.valid_end)?;
     }
-    let next_lsn = end.last_lsn + 1;
+    let next = LogPoint {
+        lsn: end.last_lsn + 1,
+        entry: end.last_entry + 1,
+        prev_term: end.last_term,
+    };
     // The writer goes on in the old tail when its header still describes this run (same
     // sync policy, same boot of the machine): what recovery needs to know about how the
     // frames in a segment were written stays true. Otherwise the old tail is sealed and the
     // run starts a new segment (and term); an old tail without frames is replaced.
     //
-    // A tail that ends in the shutdown mark is never continued under a policy that
-    // acknowledges before syncing: this run's acknowledged but unsynced appends would sit
-    // after the mark, and a power loss that took them would leave a log that still ends
-    // "clean", so nothing would be fenced and their seqs would be issued again. In a new
-    // segment, a lost tail leaves no mark at the end: not clean.
-    let continues_clean_mark = previous.clean && policy != SyncPolicy::Always;
+    // A tail that ends in a version-2 shutdown record is never continued under a policy
+    // that acknowledges before syncing: this run's acknowledged but unsynced appends would
+    // sit after the record, and a power loss that took them would leave a log that still
+    // ends "clean", so nothing would be fenced and their seqs would be issued again. In a
+    // new segment, a lost tail leaves no record at the end: not clean. (Today's mark is a
+    // file, removed above before anything is written, so it never outlives a change.)
+    let continues_clean_mark = legacy_mark && policy != SyncPolicy::Always;
     let same_run = tail_header.sync == SyncPolicyTag::of(policy)
         && boot_id.is_some_and(|b| b == tail_header.boot_id)
         && !continues_clean_mark;
@@ -241,7 +266,7 @@ pub(crate) fn open(
         let writer = LogWriter::new(
             log.clone(),
             tail,
-            next_lsn,
+            next,
             tail_header.term,
             policy,
             this_boot,
@@ -268,7 +293,7 @@ pub(crate) fn open(
             .map_err(Error::io(format!("removing {}", tail_path.display())))?;
         sync_dir(fs.as_ref(), dir)?;
     }
-    let writer = run.start_segment(&log, next_lsn, term)?;
+    let writer = run.start_segment(&log, next, term)?;
     Ok(Opened {
         log,
         writer,
@@ -289,21 +314,23 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Creates the active segment of a new term at `base_lsn` and a writer for it.
-    fn start_segment(&self, log: &Arc<Log>, base_lsn: u64, term: u64) -> Result<LogWriter> {
+    /// Creates the active segment of a new term at `start` and a writer for it.
+    fn start_segment(&self, log: &Arc<Log>, start: LogPoint, term: u64) -> Result<LogWriter> {
         let header = SegmentHeader {
-            base_lsn,
+            base_lsn: start.lsn,
             term,
             sync: SyncPolicyTag::of(self.policy),
             boot_id: self.boot_id,
             created_at_ms: self.clock.now_ms(),
+            base_entry: start.entry,
+            prev_term: start.prev_term,
         };
         let active = Arc::new(Segment::create(Arc::clone(log.fs()), log.dir(), &header)?);
         log.insert(Arc::clone(&active));
         Ok(LogWriter::new(
             Arc::clone(log),
             active,
-            base_lsn,
+            start,
             term,
             self.policy,
             self.boot_id,

@@ -242,6 +242,16 @@ impl Segment {
         Ok(f(&buf))
     }
 
+    /// The segment's header, read and checked (a bad one is corruption at offset 0).
+    ///
+    /// # Errors
+    /// A header that does not check; read failures as [`Segment::read_at`].
+    pub(crate) fn header(&self) -> Result<crate::format::SegmentHeader> {
+        let len = crate::format::SEGMENT_HEADER_BYTES as u64;
+        self.with_bytes(0, len, crate::format::decode_segment_header)?
+            .map_err(|e| crate::log::header_error(&self.path, e))
+    }
+
     /// Corruption at `offset` of this segment.
     pub(crate) fn corruption(&self, offset: u64, kind: CorruptionKind) -> Error {
         Error::Corruption {

@@ -132,14 +132,34 @@ const GOLDEN_BODIES: [(u8, &str); 13] = [
 ];
 
 /// A whole frame, header included (FORMAT.md "Record frame").
+/// The stamp of a record at `lsn` with `group_left` more in its group: entry 7, term 2,
+/// everything before offset 64 synced.
+fn stamp(lsn: u64, group_left: u32) -> FrameStamp {
+    FrameStamp {
+        lsn,
+        entry: 7,
+        term: 2,
+        group_left,
+        synced_through: 64,
+    }
+}
+
 #[test]
 fn frame_golden_bytes() {
     let mut buf = Vec::new();
-    encode_frame(&Record::Shutdown { at_ms: 14 }, 0x0102, 3, 0x40, &mut buf).unwrap();
-    // body_len 8, crc, lsn 0x0102, synced_through 0x40, group_left 3, type 13, reserved, body.
+    let stamp = FrameStamp {
+        lsn: 0x0102,
+        entry: 0x0a,
+        term: 0x05,
+        group_left: 3,
+        synced_through: 0x40,
+    };
+    encode_frame(&Record::Shutdown { at_ms: 14 }, stamp, &mut buf).unwrap();
+    // body_len 8, crc, lsn 0x0102, synced_through 0x40, entry 0x0a, term 5, group_left 3,
+    // type 13, reserved, body.
     assert_eq!(
         hex(&buf),
-        "08000000f2ed19ab02010000000000004000000000000000030000000d0000000e00000000000000"
+        "080000002507f314020100000000000040000000000000000a000000000000000500000000000000030000000d0000000e00000000000000"
     );
 }
 
@@ -147,7 +167,7 @@ fn frame_golden_bytes() {
 fn every_record_type_round_trips() {
     for (i, r) in sample_records().into_iter().enumerate() {
         let mut buf = Vec::new();
-        let n = encode_frame(&r, 100 + i as u64, 1, 64, &mut buf).unwrap();
+        let n = encode_frame(&r, stamp(100 + i as u64, 1), &mut buf).unwrap();
         assert_eq!(n as usize, buf.len());
         let f = decode_frame(&buf).unwrap();
         assert_eq!(f.record, r);
@@ -159,7 +179,7 @@ fn every_record_type_round_trips() {
 #[test]
 fn every_bit_flip_is_detected() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[4], 1, 0, 64, &mut buf).unwrap();
+    encode_frame(&sample_records()[4], stamp(1, 0), &mut buf).unwrap();
     for byte in 0..buf.len() {
         for bit in 0..8 {
             let mut bad = buf.clone();
@@ -175,7 +195,7 @@ fn every_bit_flip_is_detected() {
 #[test]
 fn every_truncation_is_truncated() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[5], 1, 0, 64, &mut buf).unwrap();
+    encode_frame(&sample_records()[5], stamp(1, 0), &mut buf).unwrap();
     for len in 0..buf.len() {
         assert_eq!(
             decode_frame(&buf[..len]),
@@ -189,7 +209,7 @@ fn every_truncation_is_truncated() {
 fn contiguous_crc_is_the_frame_crc() {
     for r in sample_records() {
         let mut buf = Vec::new();
-        encode_frame(&r, 9, 0, 64, &mut buf).unwrap();
+        encode_frame(&r, stamp(9, 0), &mut buf).unwrap();
         let raw: &[u8; FRAME_HEADER_BYTES] = buf[..FRAME_HEADER_BYTES].try_into().unwrap();
         assert_eq!(
             crate::format::frame_crc_contiguous(&buf),
@@ -213,13 +233,15 @@ fn zeroes_are_not_a_frame() {
 #[test]
 fn unknown_type_with_good_crc_is_bad_body() {
     let mut buf = Vec::new();
-    encode_frame(&sample_records()[0], 1, 0, 64, &mut buf).unwrap();
+    encode_frame(&sample_records()[0], stamp(1, 0), &mut buf).unwrap();
     let body = buf[FRAME_HEADER_BYTES..].to_vec();
     let h = FrameHeader {
         body_len: body.len() as u32,
         crc: 0,
         lsn: 1,
         synced_through: 64,
+        entry: 1,
+        term: 1,
         group_left: 0,
         record_type: 200,
     };
@@ -239,7 +261,7 @@ proptest! {
         tag in 0u8..12,
         body in proptest::collection::vec(any::<u8>(), 0..256),
     ) {
-        let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, synced_through: 64, group_left: 0, record_type: tag };
+        let h = FrameHeader { body_len: body.len() as u32, crc: 0, lsn: 1, synced_through: 64, entry: 1, term: 1, group_left: 0, record_type: tag };
         let mut buf = h.write(&body).to_vec();
         buf.extend_from_slice(&body);
         let _ = decode_frame(&buf);
@@ -306,7 +328,7 @@ proptest! {
     ) {
         let r = Record::Event(EventBody { stream, seq, at_ms, kind, correlation, payload });
         let mut buf = Vec::new();
-        encode_frame(&r, 5, 0, 64, &mut buf).unwrap();
+        encode_frame(&r, stamp(5, 0), &mut buf).unwrap();
         prop_assert_eq!(decode_frame(&buf).unwrap().record, r);
     }
 }

@@ -227,22 +227,13 @@ impl Writer {
         }
     }
 
-    /// The last group of a clean close: the shutdown marker, synced, then the index.
+    /// A clean close: the log synced, the index flushed, then the clean-close mark beside
+    /// the log (it takes no LSN: see `log/clean.rs`). The mark goes last, so a crash part
+    /// way leaves no mark: the next open is then "not clean", the safe answer.
     fn shut_down(&mut self) -> Result<()> {
-        let mut buf = Vec::new();
-        let marker = Record::Shutdown {
-            at_ms: self.shared.now_ms(),
-        };
-        let lsn = self.log.next_lsn;
-        encode_frame(&marker, lsn, 0, self.log.synced_through(), &mut buf)
-            .map_err(Error::Internal)?;
-        self.log.write(&buf).map_err(|e| match e {
-            WriteError::NoSpace(e) | WriteError::Fatal(e) => e,
-        })?;
-        self.log.next_lsn += 1;
         self.log.sync()?;
-        self.shared.counters.last_lsn.store(lsn, Ordering::Release);
-        self.shared.index.flush()
+        self.shared.index.flush()?;
+        self.log.close_cleanly()
     }
 
     fn poison(&self, e: &Error) {
@@ -309,7 +300,8 @@ impl Writer {
         self.leased.clear();
         let mut acks: Acks = Vec::with_capacity(batch.len());
         let mut force_sync = false;
-        let first_lsn = self.log.next_lsn;
+        let first = self.log.next();
+        let first_lsn = first.lsn;
         for Request { cmd, reply, .. } in batch {
             // Identity allocations are synced under every policy, so a session, stream id or
             // epoch is never issued twice even if a later unsynced tail is lost; state that
@@ -328,7 +320,7 @@ impl Writer {
             if self.overlay_broken || matches!(planned, Err(Error::Index(_))) {
                 // The overlay may be half-applied: fail the whole batch, write nothing.
                 self.overlay_broken = false;
-                self.log.rewind(first_lsn);
+                self.log.rewind(first);
                 self.disarm_group_leases();
                 let e = match planned {
                     Err(e) => e,
@@ -354,7 +346,7 @@ impl Writer {
             Ok(()) => {}
             Err(WriteError::NoSpace(e)) => {
                 // Nothing of the group is in the log: refuse it, keep serving.
-                self.log.rewind(first_lsn);
+                self.log.rewind(first);
                 self.streams.clear();
                 self.disarm_group_leases();
                 let replies = acks.into_iter().map(|(tx, _)| tx).collect();
@@ -369,8 +361,8 @@ impl Writer {
                 return;
             }
         }
-        let last_lsn = self.log.next_lsn - 1;
-        self.streams = if txn.is_empty() && first_lsn == self.log.next_lsn {
+        let last_lsn = self.log.next_lsn() - 1;
+        self.streams = if txn.is_empty() && first_lsn == self.log.next_lsn() {
             txn.into_streams()
         } else {
             index.commit(txn, last_lsn)
@@ -402,7 +394,7 @@ impl Writer {
         let c = &self.shared.counters;
         c.commit_batches.fetch_add(1, Ordering::Relaxed);
         c.records_written
-            .fetch_add(self.log.next_lsn - first_lsn, Ordering::Relaxed);
+            .fetch_add(self.log.next_lsn() - first_lsn, Ordering::Relaxed);
         c.last_lsn.store(last_lsn, Ordering::Release);
         self.acknowledge(acks);
     }
@@ -519,15 +511,12 @@ impl Writer {
         let start = buf.len();
         let segment = self.log.active().base_lsn();
         let base_offset = self.log.active().len() + start as u64;
-        let synced_through = self.log.synced_through();
-        let first_lsn = self.log.next_lsn;
+        let first_lsn = self.log.next_lsn();
         let count = records.len();
         let mut positions = Vec::with_capacity(count);
         for (i, record) in records.iter().enumerate() {
-            let lsn = first_lsn + i as u64;
-            let group_left = u32::try_from(count - 1 - i).unwrap_or(u32::MAX);
             let offset = base_offset + (buf.len() - start) as u64;
-            match encode_frame(record, lsn, group_left, synced_through, buf) {
+            match encode_frame(record, self.log.stamp(i, count), buf) {
                 Ok(len) => positions.push(Position {
                     segment,
                     offset,
@@ -575,7 +564,7 @@ impl Writer {
                 _ => {}
             }
         }
-        self.log.next_lsn += count as u64;
+        self.log.advance(count);
         Ok(())
     }
 }

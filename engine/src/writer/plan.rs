@@ -176,7 +176,7 @@ impl Writer {
                         max,
                     });
                 }
-                let stream = self.log.next_lsn;
+                let stream = self.log.next_lsn();
                 let lease_ms = req.lease_ms;
                 let rec = Record::StreamOpened(StreamOpened {
                     stream,

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use cursorlog_engine::{Append, Appended, Config, Engine, NewEvent, OpenStream, SyncPolicy};
 
-/// Segment header bytes (FORMAT.md, version 2).
-pub const SEGMENT_HEADER_BYTES: u64 = 64;
-/// Frame header bytes (FORMAT.md, version 2).
-pub const FRAME_HEADER_BYTES: u64 = 32;
+/// Segment header bytes (FORMAT.md, version 3).
+pub const SEGMENT_HEADER_BYTES: u64 = 80;
+/// Frame header bytes (FORMAT.md, version 3).
+pub const FRAME_HEADER_BYTES: u64 = 48;
 /// Smallest allowed segment size; makes the log roll after a few dozen records.
 pub const SMALL_SEGMENT: u64 = 4096;
 
@@ -130,6 +130,9 @@ pub struct RawFrame {
     pub lsn: u64,
     /// The segment offset the writer says was synced when this frame was written.
     pub synced_through: u64,
+    /// The log entry (atomic group) the frame belongs to, and its term.
+    pub entry: u64,
+    pub term: u64,
     pub group_left: u32,
     pub record_type: u8,
 }
@@ -163,8 +166,10 @@ pub fn frames(path: &Path) -> Vec<RawFrame> {
             len: FRAME_HEADER_BYTES + body_len,
             lsn: le_u64(&h[8..]),
             synced_through: le_u64(&h[16..]),
-            group_left: le_u32(&h[24..]),
-            record_type: h[28],
+            entry: le_u64(&h[24..]),
+            term: le_u64(&h[32..]),
+            group_left: le_u32(&h[40..]),
+            record_type: h[44],
         };
         assert!(
             f.end() as usize <= bytes.len(),

@@ -111,7 +111,8 @@ pub fn collect(files: &[SegFile], out: &mut Written) {
         let b = &f.bytes;
         let (header, frame_header, type_at) = match b.get(8..12) {
             Some([1, 0, 0, 0]) => (32, 24, 20),
-            _ => (64, 32, 28),
+            Some([2, 0, 0, 0]) => (64, 32, 28),
+            _ => (80, 48, 44),
         };
         let mut off = header;
         while off + frame_header <= b.len() {

@@ -72,11 +72,17 @@ const V2: Layout = Layout {
     frame_header: 32,
     header_crc_at: 60,
 };
+const V3: Layout = Layout {
+    segment_header: 80,
+    frame_header: 48,
+    header_crc_at: 76,
+};
 
 fn layout(bytes: &[u8]) -> Layout {
     match bytes.get(8..12) {
         Some([1, 0, 0, 0]) => V1,
-        _ => V2,
+        Some([2, 0, 0, 0]) => V2,
+        _ => V3,
     }
 }
 
@@ -339,7 +345,7 @@ pub fn mutate(rng: &mut Rng, image: &mut Image) -> (String, bool) {
                 true,
             )
         }
-        13 if len >= 64 => {
+        13 if len >= layout(bytes).segment_header => {
             // CRC-fixed segment header edit: version, sync policy, base, term, boot id.
             let l = layout(bytes);
             let at = 8 + rng.below(l.header_crc_at - 8);

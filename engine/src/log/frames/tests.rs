@@ -1,6 +1,6 @@
 use super::*;
 use crate::format::{SegmentHeader, SyncPolicyTag};
-use crate::record::{encode_frame, EventBody};
+use crate::record::{encode_frame, EventBody, FrameStamp};
 use proptest::prelude::*;
 
 fn header() -> Vec<u8> {
@@ -10,9 +10,22 @@ fn header() -> Vec<u8> {
         sync: SyncPolicyTag::Always,
         boot_id: [0; 16],
         created_at_ms: 0,
+        base_entry: 1,
+        prev_term: 0,
     }
     .encode()
     .to_vec()
+}
+
+/// The stamp of record `lsn` written as a group of its own (entry = LSN from 1), term 1.
+fn single(lsn: u64, synced_through: u64) -> FrameStamp {
+    FrameStamp {
+        lsn,
+        entry: lsn,
+        term: 1,
+        group_left: 0,
+        synced_through,
+    }
 }
 
 fn event(seq: u64, len: usize) -> Record {
@@ -38,9 +51,7 @@ fn segment(events: usize, per_write: usize) -> Vec<u8> {
         }
         encode_frame(
             &event(i as u64 + 1, i % 40),
-            i as u64 + 1,
-            0,
-            synced,
+            single(i as u64 + 1, synced),
             &mut bytes,
         )
         .unwrap();
@@ -67,8 +78,16 @@ fn a_clean_segment_walks_to_its_end() {
 #[test]
 fn groups_are_kept_whole_or_not_at_all() {
     let mut bytes = header();
-    for (i, left) in [2u32, 1, 0, 1, 0].into_iter().enumerate() {
-        encode_frame(&event(i as u64 + 1, 3), i as u64 + 1, left, 64, &mut bytes).unwrap();
+    for (i, (entry, left)) in [(1, 2u32), (1, 1), (1, 0), (2, 1), (2, 0)]
+        .into_iter()
+        .enumerate()
+    {
+        let stamp = FrameStamp {
+            entry,
+            group_left: left,
+            ..single(i as u64 + 1, 64)
+        };
+        encode_frame(&event(i as u64 + 1, 3), stamp, &mut bytes).unwrap();
     }
     let mut groups = Vec::new();
     let end = walk_groups(&mut &bytes[..], 1, |g| {
@@ -136,7 +155,7 @@ fn a_forged_frame_in_a_payload_cannot_claim_a_torn_write_was_synced() {
     let synced = bytes.len() as u64;
     // The forged frame: LSN 12 (the next but one), claiming the whole file was synced.
     let mut forged = Vec::new();
-    encode_frame(&event(99, 8), 12, 0, u64::MAX, &mut forged).unwrap();
+    encode_frame(&event(99, 8), single(12, u64::MAX), &mut forged).unwrap();
     let mut payload = vec![0u8; 5000];
     payload[4200..4200 + forged.len()].copy_from_slice(&forged);
     let enclosing = Record::Event(EventBody {
@@ -148,7 +167,7 @@ fn a_forged_frame_in_a_payload_cannot_claim_a_torn_write_was_synced() {
         payload,
     });
     // The enclosing frame is an unsynced write.
-    encode_frame(&enclosing, 11, 0, synced, &mut bytes).unwrap();
+    encode_frame(&enclosing, single(11, synced), &mut bytes).unwrap();
     // The enclosing frame's header and first bytes are lost (zeros), the rest survived.
     for b in &mut bytes[synced as usize..synced as usize + 64] {
         *b = 0;
@@ -173,12 +192,12 @@ proptest! {
 
     #[test]
     fn mutated_segments_yield_a_valid_prefix_or_named_damage(
-        at in 64usize..2000, value: u8, cut in 0usize..2100,
+        at in 80usize..2000, value: u8, cut in 0usize..2100,
     ) {
         let clean = segment(30, 1);
         let mut bytes = clean.clone();
         if let Some(b) = bytes.get_mut(at) { *b = value; }
-        bytes.truncate(cut.max(64));
+        bytes.truncate(cut.max(80));
         let end = walk_all(&bytes);
         // Whatever was kept is byte-identical to the clean segment's prefix.
         let kept = usize::try_from(end.valid_end).unwrap();
@@ -197,7 +216,7 @@ proptest! {
             if i == synced_frames {
                 synced = bytes.len() as u64;
             }
-            encode_frame(&event(i as u64 + 1, 90), i as u64 + 1, 0, synced, &mut bytes).unwrap();
+            encode_frame(&event(i as u64 + 1, 90), single(i as u64 + 1, synced), &mut bytes).unwrap();
         }
         let boundary = synced as usize;
         let mut torn = bytes[..boundary].to_vec();
