@@ -156,7 +156,7 @@ pub(crate) fn apply(
             txn.remove_raw(session_key(session));
             txn.remove_raw(session_state_key(session));
         }
-        Record::Shutdown { .. } => {}
+        Record::Shutdown { .. } | Record::Blank | Record::Membership { .. } => {}
         Record::SessionState(b) => {
             if b.state.is_empty() {
                 txn.remove_raw(session_state_key(&b.session));

@@ -40,6 +40,7 @@ mod codec;
 mod config;
 mod cursor;
 mod engine;
+mod entry_log;
 mod error;
 mod followers;
 mod format;
@@ -69,6 +70,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
 pub use engine::Engine;
+pub use entry_log::{
+    EntryId, EntryLog, EntryLogConfig, EntryLogState, EntryPayload, LogEntry, Proposal,
+    ProposalError, ProposedRecord,
+};
 pub use error::LiveLimit;
 pub use error::{CorruptionKind, Error, IndexError, Result};
 pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};

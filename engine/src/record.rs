@@ -30,6 +30,8 @@ pub(crate) mod tag {
     pub const SESSION_FORGOTTEN: u8 = 11;
     pub const SESSION_STATE: u8 = 12;
     pub const SHUTDOWN: u8 = 13;
+    pub const BLANK: u8 = 14;
+    pub const MEMBERSHIP: u8 = 15;
 }
 
 /// An event's stored fields (also the terminal frame inside [`Terminal`]).
@@ -131,6 +133,14 @@ pub(crate) enum Record {
     Shutdown {
         at_ms: u64,
     },
+    /// A replicated log's entry with no records of its own (a new Raft leader's first
+    /// entry). Changes no state.
+    Blank,
+    /// A replicated log's membership change: the cluster configuration, opaque to the
+    /// engine (the replication layer encodes it). Changes no engine state.
+    Membership {
+        config: Vec<u8>,
+    },
 }
 
 /// A session's opaque state, as set by the front-end.
@@ -208,6 +218,8 @@ impl Record {
             Self::SessionForgotten { .. } => tag::SESSION_FORGOTTEN,
             Self::SessionState(_) => tag::SESSION_STATE,
             Self::Shutdown { .. } => tag::SHUTDOWN,
+            Self::Blank => tag::BLANK,
+            Self::Membership { .. } => tag::MEMBERSHIP,
         }
     }
 
@@ -274,6 +286,11 @@ impl Record {
             ),
             Self::SessionState(b) => codec::encode_into(b, out),
             Self::Shutdown { at_ms } => codec::encode_into(at_ms, out),
+            Self::Blank => Ok(()),
+            Self::Membership { config } => {
+                out.extend_from_slice(config);
+                Ok(())
+            }
         }
     }
 
@@ -367,6 +384,11 @@ impl Record {
             tag::SESSION_STATE => Self::SessionState(codec::decode(body)?),
             tag::SHUTDOWN => Self::Shutdown {
                 at_ms: codec::decode(body)?,
+            },
+            tag::BLANK if body.is_empty() => Self::Blank,
+            tag::BLANK => return Err(format!("a blank entry with a {}-byte body", body.len())),
+            tag::MEMBERSHIP => Self::Membership {
+                config: body.to_vec(),
             },
             other => return Err(format!("unknown record type {other}")),
         })

@@ -140,6 +140,34 @@ impl Log {
             .count()
     }
 
+    /// Deletes the newest segments, `bases` (which must be the set's newest, in ascending
+    /// order), newest first, the directory synced after each unlink: a crash part way leaves
+    /// a contiguous prefix of the log. A replicated log's uncommitted suffix; the caller then
+    /// starts a new active segment.
+    ///
+    /// # Errors
+    /// The set's suffix is not `bases` (a bug: nothing is deleted); an unlink or directory
+    /// sync failed.
+    pub(crate) fn remove_suffix(&self, bases: &[u64]) -> Result<()> {
+        let removed: Vec<Arc<Segment>> = {
+            let mut map = self.write();
+            let suffix: Vec<u64> = map.keys().rev().take(bases.len()).rev().copied().collect();
+            if suffix != bases {
+                return Err(Error::Internal(format!(
+                    "removing segments {bases:?}, but the newest are {suffix:?}"
+                )));
+            }
+            bases.iter().filter_map(|b| map.remove(b)).collect()
+        };
+        for seg in removed.iter().rev() {
+            self.fs
+                .remove(seg.path())
+                .map_err(Error::io(format!("deleting {}", seg.path().display())))?;
+            sync_dir(self.fs.as_ref(), &self.dir)?;
+        }
+        Ok(())
+    }
+
     /// Deletes the oldest segments, `bases` (which must be the set's oldest, in order, and
     /// never the active one): they leave the set at once, then their files are unlinked
     /// oldest first, the directory synced after each unlink, outside the set's lock. A crash part
@@ -284,6 +312,72 @@ impl LogWriter {
                 prev_term: self.term,
             };
         }
+    }
+
+    /// The frame header fields of record `i` of a group of `count` framed next as an entry
+    /// of `term` (a replicated log's entry carries its leader's term, not this writer's).
+    pub(crate) fn stamp_in_term(
+        &self,
+        term: u64,
+        i: usize,
+        count: usize,
+    ) -> crate::record::FrameStamp {
+        crate::record::FrameStamp {
+            term,
+            ..self.stamp(i, count)
+        }
+    }
+
+    /// Moves past a framed group of `count` records framed as an entry of `term`; segments
+    /// created from now on carry that term in their header.
+    pub(crate) fn advance_in_term(&mut self, count: usize, term: u64) {
+        self.term = term;
+        self.advance(count);
+    }
+
+    /// Cuts the active segment back to `len` bytes (synced) and puts the next LSN and entry
+    /// back to `to`: a replicated log's uncommitted suffix, never a sealed segment's bytes.
+    ///
+    /// # Errors
+    /// The active segment is sealed (a bug: nothing is cut); I/O failures.
+    pub(crate) fn cut_active(&mut self, len: u64, to: LogPoint) -> Result<()> {
+        if self.active.is_sealed() || len < crate::format::SEGMENT_HEADER_BYTES as u64 {
+            return Err(Error::Internal(format!(
+                "cutting {} to {len} bytes",
+                self.active.path().display()
+            )));
+        }
+        self.active.truncate(len)?;
+        self.synced_through = len;
+        self.next = to;
+        Ok(())
+    }
+
+    /// Starts a new active segment at `to` after the active one was unlinked (a replicated
+    /// log's uncommitted suffix went whole): the segment before it stays sealed.
+    ///
+    /// # Errors
+    /// I/O failures creating the segment.
+    pub(crate) fn restart_at(&mut self, to: LogPoint) -> Result<()> {
+        let header = SegmentHeader {
+            base_lsn: to.lsn,
+            term: self.term.max(to.prev_term),
+            sync: self.sync,
+            boot_id: self.boot_id,
+            created_at_ms: self.clock.now_ms(),
+            base_entry: to.entry,
+            prev_term: to.prev_term,
+        };
+        let next = Arc::new(Segment::create(
+            Arc::clone(self.log.fs()),
+            self.log.dir(),
+            &header,
+        )?);
+        self.log.insert(Arc::clone(&next));
+        self.synced_through = next.len();
+        self.active = next;
+        self.next = to;
+        Ok(())
     }
 
     /// Puts the next LSN and entry back to `to` after a planned group was not written.

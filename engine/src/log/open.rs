@@ -252,8 +252,12 @@ pub(crate) fn open(
     // new segment, a lost tail leaves no record at the end: not clean. (Today's mark is a
     // file, removed above before anything is written, so it never outlives a change.)
     let continues_clean_mark = legacy_mark && policy != SyncPolicy::Always;
+    // Under `always` the boot does not matter (nothing acknowledged was unsynced, and the
+    // boot id only serves to detect lost unsynced writes): the tail is continued across a
+    // reboot, so a replicated log's uncommitted suffix stays in the active segment, the only
+    // one ever cut.
     let same_run = tail_header.sync == SyncPolicyTag::of(policy)
-        && boot_id.is_some_and(|b| b == tail_header.boot_id)
+        && (policy == SyncPolicy::Always || boot_id.is_some_and(|b| b == tail_header.boot_id))
         && !continues_clean_mark;
     if same_run {
         // The tail may hold bytes the killed run wrote but never synced (still in the page

@@ -1,0 +1,235 @@
+use super::*;
+use crate::record::tag;
+
+fn config(dir: &std::path::Path) -> EntryLogConfig {
+    EntryLogConfig {
+        dir: dir.to_path_buf(),
+        segment_bytes_max: 4096,
+    }
+}
+
+/// A one-record entry whose body is `n` bytes of `index`.
+fn entry(term: u64, index: u64, n: usize) -> LogEntry {
+    // A membership record's body is its configuration's bytes, as they are.
+    let bytes = vec![index as u8; n];
+    LogEntry {
+        id: EntryId { term, index },
+        payload: EntryPayload::Records(Proposal::from_raw(vec![
+            (tag::MEMBERSHIP, bytes.clone()),
+            (tag::MEMBERSHIP, bytes),
+        ])),
+    }
+}
+
+fn entries(term: u64, from: u64, to: u64) -> Vec<LogEntry> {
+    (from..to).map(|i| entry(term, i, 300)).collect()
+}
+
+fn ids(v: &[LogEntry]) -> Vec<(u64, u64)> {
+    v.iter().map(|e| (e.id.term, e.id.index)).collect()
+}
+
+fn segments(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .expect("list")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        })
+        .count()
+}
+
+#[test]
+fn entries_round_trip_across_segments_and_a_reopen() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    assert_eq!(
+        log.state(),
+        EntryLogState {
+            last_purged: None,
+            last: None
+        }
+    );
+    let mut written = vec![LogEntry {
+        id: EntryId { term: 1, index: 1 },
+        payload: EntryPayload::Blank,
+    }];
+    written.push(LogEntry {
+        id: EntryId { term: 1, index: 2 },
+        payload: EntryPayload::Membership(b"members".to_vec()),
+    });
+    log.append(&written).expect("append");
+    for batch in 0..10u64 {
+        let more = entries(2, 3 + batch * 4, 7 + batch * 4);
+        log.append(&more).expect("append");
+        log.save_committed(2 + (batch + 1) * 4).expect("commit");
+        written.extend(more);
+    }
+    assert!(segments(dir.path()) > 3, "rolled");
+    assert_eq!(log.read(1, 100).expect("read"), written);
+    assert_eq!(
+        ids(&log.read(5, 8).expect("read")),
+        [(2, 5), (2, 6), (2, 7)]
+    );
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert_eq!(log.read(0, u64::MAX).expect("read"), written);
+    assert_eq!(log.state().last, Some(EntryId { term: 2, index: 42 }));
+    assert_eq!(log.committed(), 42);
+}
+
+#[test]
+fn entries_that_do_not_follow_are_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    log.append(&entries(3, 1, 3)).expect("append");
+    for bad in [
+        entries(3, 4, 5),                     // a gap
+        entries(3, 2, 3),                     // a repeat
+        entries(2, 3, 4),                     // a lower term
+        vec![entry(3, 3, 1), entry(3, 5, 1)], // a gap inside the batch
+    ] {
+        assert!(
+            matches!(log.append(&bad), Err(Error::InvalidArgument { .. })),
+            "{:?}",
+            ids(&bad)
+        );
+    }
+    let garbage = LogEntry {
+        id: EntryId { term: 3, index: 3 },
+        payload: EntryPayload::Records(Proposal::from_bytes(vec![1, 0, 0, 0, 200, 0, 0, 0, 0])),
+    };
+    assert!(matches!(
+        log.append(&[garbage]),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert_eq!(log.state().last, Some(EntryId { term: 3, index: 2 }));
+    log.append(&entries(4, 3, 4))
+        .expect("the next entry still goes");
+    assert_eq!(
+        ids(&log.read(1, 10).expect("read")),
+        [(3, 1), (3, 2), (4, 3)]
+    );
+}
+
+#[test]
+fn an_uncommitted_segment_is_never_sealed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    for i in 1..40 {
+        log.append(&entries(1, i, i + 1)).expect("append");
+    }
+    assert_eq!(
+        segments(dir.path()),
+        1,
+        "nothing committed: the active segment grows"
+    );
+    log.save_committed(39).expect("commit");
+    log.append(&entries(1, 40, 41)).expect("append");
+    assert_eq!(segments(dir.path()), 2, "rolled once all was committed");
+}
+
+#[test]
+fn an_uncommitted_suffix_is_cut_in_the_active_segment_and_rewritten() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    log.append(&entries(1, 1, 11)).expect("append");
+    log.save_committed(10).expect("commit");
+    log.append(&entries(1, 11, 21)).expect("append");
+    let before = segments(dir.path());
+    log.truncate_after(Some(15)).expect("truncate");
+    assert_eq!(log.state().last, Some(EntryId { term: 1, index: 15 }));
+    assert_eq!(segments(dir.path()), before);
+    log.append(&entries(2, 16, 18))
+        .expect("a new leader's entries");
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    let got = ids(&log.read(14, 100).expect("read"));
+    assert_eq!(got, [(1, 14), (1, 15), (2, 16), (2, 17)]);
+    // Committed entries are never cut.
+    assert!(matches!(
+        log.truncate_after(Some(5)),
+        Err(Error::Internal(_))
+    ));
+    assert_eq!(log.state().last, Some(EntryId { term: 2, index: 17 }));
+}
+
+#[test]
+fn a_suffix_starting_a_segment_goes_whole() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    log.append(&entries(1, 1, 21)).expect("append");
+    log.save_committed(20).expect("commit");
+    // The segment is full and committed: the next batch starts a new one.
+    log.append(&entries(1, 21, 25)).expect("append");
+    let with_suffix = segments(dir.path());
+    log.truncate_after(Some(20)).expect("truncate");
+    assert_eq!(log.state().last, Some(EntryId { term: 1, index: 20 }));
+    assert_eq!(segments(dir.path()), with_suffix, "the active one replaced");
+    log.append(&entries(3, 21, 23)).expect("append");
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert_eq!(
+        ids(&log.read(19, 100).expect("read")),
+        [(1, 19), (1, 20), (3, 21), (3, 22)]
+    );
+}
+
+#[test]
+fn purging_deletes_whole_segments_and_is_remembered() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    for i in (1..60).step_by(3) {
+        log.append(&entries(1, i, i + 3)).expect("append");
+        log.save_committed(i + 2).expect("commit");
+    }
+    let before = segments(dir.path());
+    let through = EntryId { term: 1, index: 30 };
+    log.purge_through(through).expect("purge");
+    assert!(segments(dir.path()) < before, "segments deleted");
+    assert_eq!(log.state().last_purged, Some(through));
+    assert_eq!(
+        log.read(0, 32).expect("read").first().map(|e| e.id.index),
+        Some(31)
+    );
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert_eq!(log.state().last_purged, Some(through));
+    assert_eq!(log.state().last, Some(EntryId { term: 1, index: 60 }));
+    // Purging everything leaves the last purged entry as the last entry.
+    log.purge_through(EntryId { term: 1, index: 60 })
+        .expect("purge all");
+    assert_eq!(log.state().last, Some(EntryId { term: 1, index: 60 }));
+    assert!(log.read(0, 100).expect("read").is_empty());
+}
+
+#[test]
+fn the_vote_is_durable_and_a_damaged_one_is_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    assert_eq!(log.read_vote().expect("vote"), None);
+    log.save_vote(b"term 3, node 2").expect("save");
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert_eq!(
+        log.read_vote().expect("vote"),
+        Some(b"term 3, node 2".to_vec())
+    );
+    drop(log);
+    let path = dir.path().join(VOTE_FILE);
+    let mut b = std::fs::read(&path).expect("read");
+    b[0] ^= 1;
+    std::fs::write(&path, b).expect("write");
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert!(matches!(log.read_vote(), Err(Error::Corruption { .. })));
+}
+
+#[test]
+fn a_second_open_of_the_directory_is_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let _log = EntryLog::open(config(dir.path())).expect("open");
+    assert!(matches!(
+        EntryLog::open(config(dir.path())),
+        Err(Error::Locked { .. })
+    ));
+}
