@@ -118,7 +118,7 @@ struct Inner {
     segment_bytes_max: u64,
     /// Per segment (by base entry): the offset of each entry's first frame, built on first use.
     offsets: BTreeMap<u64, SegmentEntries>,
-    committed: u64,
+    committed: Option<EntryId>,
     purged: Option<EntryId>,
     /// Set after an I/O failure left the log's state on disk unknown.
     poisoned: Option<String>,
@@ -167,14 +167,11 @@ impl EntryLog {
             );
         }
         let committed = match durable_file::read(fs.as_ref(), &config.dir, COMMITTED_FILE)? {
-            Read::Body(b) => decode_u64(&b).unwrap_or(0),
-            Read::Missing | Read::Damaged => 0,
+            Read::Body(b) => decode_entry_id(&b),
+            Read::Missing | Read::Damaged => None,
         };
-        let first = opened.log.all().first().map(|s| s.header()).transpose()?;
-        let purged_by_segments = first.filter(|h| h.base_entry > 1).map(|h| EntryId {
-            term: h.prev_term,
-            index: h.base_entry - 1,
-        });
+        // What was purged is what the PURGED file says (written before any segment goes): a
+        // log may also start after entry 1 without a purge (its first entry was there).
         let purged_by_file = match durable_file::read(fs.as_ref(), &config.dir, PURGED_FILE)? {
             Read::Body(b) => decode_entry_id(&b),
             Read::Missing | Read::Damaged => None,
@@ -188,7 +185,7 @@ impl EntryLog {
                 segment_bytes_max: config.segment_bytes_max,
                 offsets,
                 committed,
-                purged: purged_by_segments.max(purged_by_file),
+                purged: purged_by_file,
                 poisoned: None,
                 _lock: lock,
             })),
@@ -271,24 +268,28 @@ impl EntryLog {
         inner.purge_through(through)
     }
 
-    /// Records the committed index: segments may now be sealed up to it. Saved without an
-    /// fsync (a lost value only costs re-applying entries after a restart).
+    /// Records the last committed entry: segments may now be sealed up to it. Saved without
+    /// an fsync (a lost value only costs re-applying entries after a restart). A value below
+    /// the one known is ignored (the committed index never goes back).
     ///
     /// # Errors
     /// I/O failures writing the file.
-    pub fn save_committed(&self, index: u64) -> Result<()> {
+    pub fn save_committed(&self, committed: EntryId) -> Result<()> {
         let mut inner = self.lock();
-        inner.committed = inner.committed.max(index);
+        if inner.committed.is_some_and(|c| c.index >= committed.index) {
+            return Ok(());
+        }
+        inner.committed = Some(committed);
         durable_file::write_relaxed(
             inner.fs.as_ref(),
             &inner.dir,
             COMMITTED_FILE,
-            &index.to_le_bytes(),
+            &encode_entry_id(committed),
         )
     }
 
-    /// The committed index saved last (0 when none).
-    pub fn committed(&self) -> u64 {
+    /// The last committed entry saved, if any.
+    pub fn committed(&self) -> Option<EntryId> {
         self.lock().committed
     }
 
@@ -321,6 +322,10 @@ impl EntryLog {
 }
 
 impl Inner {
+    fn committed_index(&self) -> u64 {
+        self.committed.map_or(0, |c| c.index)
+    }
+
     fn check_usable(&self) -> Result<()> {
         match &self.poisoned {
             Some(why) => Err(Error::Internal(format!(
@@ -331,6 +336,18 @@ impl Inner {
     }
 
     fn append(&mut self, entries: &[LogEntry]) -> Result<()> {
+        if let Some(first) = entries.first() {
+            if self.is_empty() && first.id.index > self.writer.next().entry {
+                // A log that never held an entry starts wherever its first entry is (Raft
+                // allows it): the empty active segment is replaced by one that starts there.
+                let next = self.writer.next();
+                self.restart_active(LogPoint {
+                    lsn: next.lsn,
+                    entry: first.id.index,
+                    prev_term: 0,
+                })?;
+            }
+        }
         let mut expected = self.writer.next();
         for e in entries {
             if e.id.index != expected.entry || e.id.term < expected.prev_term {
@@ -383,10 +400,36 @@ impl Inner {
         Ok(())
     }
 
+    /// True when the log holds no entry and never purged one.
+    fn is_empty(&self) -> bool {
+        self.purged.is_none()
+            && self.offsets.len() == 1
+            && self.writer.active().len() == crate::format::SEGMENT_HEADER_BYTES as u64
+    }
+
+    /// Replaces the active segment (whose entries, if any, are purged or were never
+    /// written) with an empty one starting at `to`.
+    fn restart_active(&mut self, to: LogPoint) -> Result<()> {
+        let active = Arc::clone(self.writer.active());
+        let key = self
+            .offsets
+            .iter()
+            .find(|(_, s)| Arc::ptr_eq(&s.segment, &active))
+            .map(|(k, _)| *k);
+        active.seal()?;
+        self.log.remove_suffix(&[active.base_lsn()])?;
+        if let Some(k) = key {
+            self.offsets.remove(&k);
+        }
+        self.writer.restart_at(to)?;
+        self.track_active();
+        Ok(())
+    }
+
     /// True when the active segment is full and every entry in it is committed.
     fn rotate_due(&self) -> bool {
         self.writer.active().len() >= self.segment_bytes_max
-            && self.writer.next().entry.saturating_sub(1) <= self.committed
+            && self.writer.next().entry.saturating_sub(1) <= self.committed_index()
     }
 
     /// Writes and syncs `buf` (frames from `start` on); on failure rewinds to `start`.
@@ -447,7 +490,10 @@ impl Inner {
     }
 
     fn read(&mut self, from: u64, to: u64) -> Result<Vec<LogEntry>> {
-        let first = self.purged.map_or(1, |p| p.index + 1);
+        let first = self
+            .purged
+            .map_or(1, |p| p.index + 1)
+            .max(self.offsets.keys().next().copied().unwrap_or(1));
         let mut out = Vec::new();
         let mut ahead = ReadAhead::default();
         let mut current: Option<u64> = None;
@@ -470,10 +516,11 @@ impl Inner {
         if cut >= next.entry {
             return Ok(());
         }
-        if cut <= self.committed {
+        if cut <= self.committed_index() {
             return Err(Error::Internal(format!(
-                "truncating after entry {cut} - 1 would remove committed entries (committed {})",
-                self.committed
+                "truncating after entry {} would remove committed entries (committed {})",
+                cut - 1,
+                self.committed_index()
             )));
         }
         let later: Vec<u64> = self.offsets.range(cut..).map(|(b, _)| *b).collect();
@@ -571,6 +618,27 @@ impl Inner {
             &encode_entry_id(through),
         )?;
         self.purged = Some(through);
+        let next = self.writer.next();
+        if through.index + 1 >= next.entry {
+            // Purged past the last entry (a snapshot installed ahead of the log): every
+            // entry goes, and the log goes on after `through`.
+            let sealed: Vec<u64> = self
+                .offsets
+                .values()
+                .filter(|s| !Arc::ptr_eq(&s.segment, self.writer.active()))
+                .map(|s| s.segment.base_lsn())
+                .collect();
+            if !sealed.is_empty() {
+                self.log.purge_prefix(&sealed)?;
+            }
+            let active = Arc::clone(self.writer.active());
+            self.offsets.retain(|_, s| Arc::ptr_eq(&s.segment, &active));
+            return self.restart_active(LogPoint {
+                lsn: next.lsn,
+                entry: through.index + 1,
+                prev_term: through.term,
+            });
+        }
         // Whole sealed segments whose entries all are at or below `through`.
         let bases: Vec<(u64, u64)> = self
             .offsets

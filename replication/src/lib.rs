@@ -11,18 +11,22 @@
 //!   [`openraft::Raft`];
 //! - [`codec`]: the one wire encoding of openraft's messages (postcard).
 //!
-//! The log store (the engine's segment log as the Raft log) and the state machine (apply
-//! after commit) come next; until then the tests run over an in-memory store in
-//! `tests/support/`, which is a test fixture only.
+//! - [`log_store`]: openraft's log storage over the engine's segment log (the segment log is
+//!   the Raft log), passing openraft's storage `Suite` (`tests/storage_suite.rs`).
+//!
+//! The state machine (apply after commit) comes next; until then the transport tests run
+//! over an in-memory store in `tests/support/`, which is a test fixture only.
 //!
 //! openraft is pinned exactly (`=0.10.0-alpha.37`, see Cargo.toml): its 0.10 API still
 //! changes between alphas.
 
 pub mod codec;
+pub mod log_store;
 pub mod network;
 pub mod service;
 pub mod types;
 
+pub use log_store::SegmentLogStore;
 pub use network::{ClientOptions, NetworkClient, NetworkFactory, OptionsError};
 pub use service::{InMemorySnapshots, RaftService, SnapshotSink};
 pub use types::{

@@ -62,7 +62,11 @@ fn entries_round_trip_across_segments_and_a_reopen() {
     for batch in 0..10u64 {
         let more = entries(2, 3 + batch * 4, 7 + batch * 4);
         log.append(&more).expect("append");
-        log.save_committed(2 + (batch + 1) * 4).expect("commit");
+        log.save_committed(EntryId {
+            term: 2,
+            index: 2 + (batch + 1) * 4,
+        })
+        .expect("commit");
         written.extend(more);
     }
     assert!(segments(dir.path()) > 3, "rolled");
@@ -75,7 +79,7 @@ fn entries_round_trip_across_segments_and_a_reopen() {
     let log = EntryLog::open(config(dir.path())).expect("reopen");
     assert_eq!(log.read(0, u64::MAX).expect("read"), written);
     assert_eq!(log.state().last, Some(EntryId { term: 2, index: 42 }));
-    assert_eq!(log.committed(), 42);
+    assert_eq!(log.committed().map(|c| c.index), Some(42));
 }
 
 #[test]
@@ -124,7 +128,8 @@ fn an_uncommitted_segment_is_never_sealed() {
         1,
         "nothing committed: the active segment grows"
     );
-    log.save_committed(39).expect("commit");
+    log.save_committed(EntryId { term: 0, index: 39 })
+        .expect("commit");
     log.append(&entries(1, 40, 41)).expect("append");
     assert_eq!(segments(dir.path()), 2, "rolled once all was committed");
 }
@@ -134,7 +139,8 @@ fn an_uncommitted_suffix_is_cut_in_the_active_segment_and_rewritten() {
     let dir = tempfile::tempdir().expect("dir");
     let log = EntryLog::open(config(dir.path())).expect("open");
     log.append(&entries(1, 1, 11)).expect("append");
-    log.save_committed(10).expect("commit");
+    log.save_committed(EntryId { term: 0, index: 10 })
+        .expect("commit");
     log.append(&entries(1, 11, 21)).expect("append");
     let before = segments(dir.path());
     log.truncate_after(Some(15)).expect("truncate");
@@ -159,7 +165,8 @@ fn a_suffix_starting_a_segment_goes_whole() {
     let dir = tempfile::tempdir().expect("dir");
     let log = EntryLog::open(config(dir.path())).expect("open");
     log.append(&entries(1, 1, 21)).expect("append");
-    log.save_committed(20).expect("commit");
+    log.save_committed(EntryId { term: 0, index: 20 })
+        .expect("commit");
     // The segment is full and committed: the next batch starts a new one.
     log.append(&entries(1, 21, 25)).expect("append");
     let with_suffix = segments(dir.path());
@@ -181,7 +188,11 @@ fn purging_deletes_whole_segments_and_is_remembered() {
     let log = EntryLog::open(config(dir.path())).expect("open");
     for i in (1..60).step_by(3) {
         log.append(&entries(1, i, i + 3)).expect("append");
-        log.save_committed(i + 2).expect("commit");
+        log.save_committed(EntryId {
+            term: 0,
+            index: i + 2,
+        })
+        .expect("commit");
     }
     let before = segments(dir.path());
     let through = EntryId { term: 1, index: 30 };
@@ -232,4 +243,59 @@ fn a_second_open_of_the_directory_is_refused() {
         EntryLog::open(config(dir.path())),
         Err(Error::Locked { .. })
     ));
+}
+
+#[test]
+fn a_new_log_starts_at_its_first_entry() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    log.append(&entries(4, 7, 10)).expect("a first entry at 7");
+    assert_eq!(log.state().last, Some(EntryId { term: 4, index: 9 }));
+    assert_eq!(log.state().last_purged, None);
+    assert_eq!(
+        ids(&log.read(0, 100).expect("read")),
+        [(4, 7), (4, 8), (4, 9)]
+    );
+    // Once it holds entries, they must follow.
+    assert!(matches!(
+        log.append(&entries(4, 20, 21)),
+        Err(Error::InvalidArgument { .. })
+    ));
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert_eq!(
+        ids(&log.read(0, 100).expect("read")),
+        [(4, 7), (4, 8), (4, 9)]
+    );
+}
+
+/// A snapshot installed ahead of the log purges past its last entry: the log then goes on
+/// after the purged entry.
+#[test]
+fn a_purge_past_the_end_restarts_the_log_after_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    log.append(&entries(1, 1, 30)).expect("append");
+    log.save_committed(EntryId { term: 1, index: 29 })
+        .expect("commit");
+    log.append(&entries(1, 30, 31)).expect("append");
+    let through = EntryId {
+        term: 5,
+        index: 100,
+    };
+    log.purge_through(through).expect("purge");
+    assert_eq!(
+        log.state(),
+        EntryLogState {
+            last_purged: Some(through),
+            last: Some(through)
+        }
+    );
+    assert_eq!(segments(dir.path()), 1);
+    log.append(&entries(5, 101, 103))
+        .expect("the log goes on after the purge");
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert_eq!(log.state().last_purged, Some(through));
+    assert_eq!(ids(&log.read(0, 1000).expect("read")), [(5, 101), (5, 102)]);
 }

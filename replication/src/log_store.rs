@@ -1,0 +1,198 @@
+//! openraft's log storage over the engine's segment log ([`cursorlog_engine::EntryLog`]):
+//! the segment log *is* the Raft log (issue 19 item 1), not a second write-ahead log.
+//!
+//! Mapping:
+//! - a Raft entry is one atomic group of the segment log, its frames stamped with the
+//!   entry's term; openraft's first index is 0, the engine's first entry is 1, so
+//!   **entry = Raft index + 1** (here and only here);
+//! - `Blank` and `Membership` entries are one record each (tags 14 and 15, FORMAT.md), the
+//!   membership encoded with this crate's [`codec`](crate::codec); a `Normal` entry's
+//!   [`Proposal`] bytes are the engine's proposal encoding, checked before they are written;
+//! - `append` writes and `fdatasync`s before it calls openraft's flushed callback, on a
+//!   blocking thread (the engine's I/O is synchronous);
+//! - `truncate_after` cuts only an uncommitted suffix (the engine refuses to cut a sealed
+//!   segment or a committed entry); `purge` deletes whole sealed segments;
+//! - the vote is saved durably (temp file, fsync, rename, directory fsync) before
+//!   `save_vote` returns; the committed log id is saved without an fsync.
+
+use std::io;
+use std::ops::{Bound, RangeBounds};
+
+use cursorlog_engine::{
+    EntryId, EntryLog, EntryPayload as Stored, LogEntry, Proposal as EngineProposal,
+};
+use openraft::entry::RaftEntry as _;
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{EntryPayload, OptionalSend};
+
+use crate::codec;
+use crate::types::{Entry, LogId, Proposal, TypeConfig, Vote};
+
+/// The Raft log store (and, cloned, its reader) over one segment log.
+#[derive(Debug, Clone)]
+pub struct SegmentLogStore {
+    log: EntryLog,
+}
+
+impl SegmentLogStore {
+    /// A store over `log` (opened by the caller, who chose its directory).
+    pub fn new(log: EntryLog) -> Self {
+        Self { log }
+    }
+
+    /// The engine's log underneath.
+    pub fn entry_log(&self) -> &EntryLog {
+        &self.log
+    }
+
+    /// Runs a blocking engine call off the async runtime's worker threads.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(EntryLog) -> cursorlog_engine::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || f(log))
+            .await
+            .map_err(io::Error::other)?
+            .map_err(io::Error::other)
+    }
+}
+
+/// The engine's id of the Raft log id `id`.
+fn to_engine(id: &LogId) -> EntryId {
+    EntryId {
+        term: id.committed_leader_id().term,
+        index: id.index() + 1,
+    }
+}
+
+/// The Raft log id of the engine's entry `id`.
+fn to_raft(id: EntryId) -> LogId {
+    LogId::new_term_index(id.term, id.index - 1)
+}
+
+/// The engine's entry for a Raft entry.
+fn stored(entry: Entry) -> io::Result<LogEntry> {
+    let id = to_engine(&entry.log_id());
+    let payload = match entry.payload {
+        EntryPayload::Blank => Stored::Blank,
+        EntryPayload::Normal(p) => Stored::Records(EngineProposal::from_bytes(p.records)),
+        EntryPayload::Membership(m) => {
+            Stored::Membership(codec::encode("membership", &m).map_err(io::Error::other)?)
+        }
+    };
+    Ok(LogEntry { id, payload })
+}
+
+/// The Raft entry for an engine entry.
+fn raft_entry(entry: LogEntry) -> io::Result<Entry> {
+    let log_id = to_raft(entry.id);
+    let payload = match entry.payload {
+        Stored::Blank => EntryPayload::Blank,
+        Stored::Records(p) => EntryPayload::Normal(Proposal {
+            records: p.as_bytes().to_vec(),
+        }),
+        Stored::Membership(bytes) => {
+            EntryPayload::Membership(codec::decode("membership", &bytes).map_err(io::Error::other)?)
+        }
+    };
+    Ok(Entry { log_id, payload })
+}
+
+impl RaftLogReader<TypeConfig> for SegmentLogStore {
+    async fn try_get_log_entries<RB>(&mut self, range: RB) -> Result<Vec<Entry>, io::Error>
+    where
+        RB: RangeBounds<u64> + Clone + std::fmt::Debug + OptionalSend,
+    {
+        // Raft indexes → engine entries (+1).
+        let from = match range.start_bound() {
+            Bound::Included(i) => i.saturating_add(1),
+            Bound::Excluded(i) => i.saturating_add(2),
+            Bound::Unbounded => 1,
+        };
+        let to = match range.end_bound() {
+            Bound::Included(i) => i.saturating_add(2),
+            Bound::Excluded(i) => i.saturating_add(1),
+            Bound::Unbounded => u64::MAX,
+        };
+        let entries = self.blocking(move |log| log.read(from, to)).await?;
+        entries.into_iter().map(raft_entry).collect()
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        let bytes = self.blocking(|log| log.read_vote()).await?;
+        bytes
+            .map(|b| codec::decode("vote", &b).map_err(io::Error::other))
+            .transpose()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for SegmentLogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let state = self.log.state();
+        Ok(LogState {
+            last_purged_log_id: state.last_purged.map(to_raft),
+            last_log_id: state.last.map(to_raft),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let bytes = codec::encode("vote", vote).map_err(io::Error::other)?;
+        self.blocking(move |log| log.save_vote(&bytes)).await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        let Some(id) = committed else {
+            return Ok(());
+        };
+        let id = to_engine(&id);
+        self.blocking(move |log| log.save_committed(id)).await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.log.committed().map(to_raft))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries = entries
+            .into_iter()
+            .map(stored)
+            .collect::<io::Result<Vec<_>>>()?;
+        // Written and fdatasynced when `append` returns: readable now, durable now.
+        let r = self.blocking(move |log| log.append(&entries)).await;
+        match r {
+            Ok(()) => {
+                callback.io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate_after(&mut self, last: Option<LogId>) -> Result<(), io::Error> {
+        let keep = last.map(|id| to_engine(&id).index);
+        self.blocking(move |log| log.truncate_after(keep)).await
+    }
+
+    async fn purge(&mut self, upto: LogId) -> Result<(), io::Error> {
+        let id = to_engine(&upto);
+        self.blocking(move |log| log.purge_through(id)).await
+    }
+}
