@@ -677,9 +677,25 @@ impl EntryPayload {
             Self::Membership(config) => Ok(vec![Record::Membership {
                 config: config.clone(),
             }]),
-            Self::Records(p) => p
-                .decode()
-                .map_err(|e| Error::invalid("entry", e.to_string())),
+            Self::Records(p) => {
+                let records = p
+                    .decode()
+                    .map_err(|e| Error::invalid("entry", e.to_string()))?;
+                // The log's own kinds are not the engine's to propose (a lone Blank or
+                // Membership record would read back as that kind of entry).
+                match records.iter().position(|r| {
+                    matches!(
+                        r,
+                        Record::Blank | Record::Membership { .. } | Record::Shutdown { .. }
+                    )
+                }) {
+                    Some(i) => Err(Error::invalid(
+                        "entry",
+                        format!("record {i} of the proposal is not an engine record"),
+                    )),
+                    None => Ok(records),
+                }
+            }
         }
     }
 }

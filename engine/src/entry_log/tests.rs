@@ -10,15 +10,25 @@ fn config(dir: &std::path::Path) -> EntryLogConfig {
 
 /// A one-record entry whose body is `n` bytes of `index`.
 fn entry(term: u64, index: u64, n: usize) -> LogEntry {
-    // A membership record's body is its configuration's bytes, as they are.
-    let bytes = vec![index as u8; n];
+    let bytes = session_state(vec![index as u8; n]);
     LogEntry {
         id: EntryId { term, index },
         payload: EntryPayload::Records(Proposal::from_raw(vec![
-            (tag::MEMBERSHIP, bytes.clone()),
-            (tag::MEMBERSHIP, bytes),
+            (tag::SESSION_STATE, bytes.clone()),
+            (tag::SESSION_STATE, bytes),
         ])),
     }
+}
+
+/// The body of a SessionState record of session "s" holding `state` (FORMAT.md: session
+/// String, state Vec<u8>, at_ms u64, fixed-width little-endian lengths).
+pub(super) fn session_state(state: Vec<u8>) -> Vec<u8> {
+    let mut b = 1u64.to_le_bytes().to_vec();
+    b.push(b's');
+    b.extend_from_slice(&(state.len() as u64).to_le_bytes());
+    b.extend_from_slice(&state);
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b
 }
 
 fn entries(term: u64, from: u64, to: u64) -> Vec<LogEntry> {
@@ -243,6 +253,28 @@ fn a_second_open_of_the_directory_is_refused() {
         EntryLog::open(config(dir.path())),
         Err(Error::Locked { .. })
     ));
+}
+
+#[test]
+fn the_logs_own_record_kinds_are_not_proposals() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    for tag in [tag::BLANK, tag::MEMBERSHIP] {
+        let body = if tag == tag::BLANK {
+            Vec::new()
+        } else {
+            b"x".to_vec()
+        };
+        let e = LogEntry {
+            id: EntryId { term: 1, index: 1 },
+            payload: EntryPayload::Records(Proposal::from_raw(vec![(tag, body)])),
+        };
+        assert!(matches!(
+            log.append(&[e]),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+    assert_eq!(log.state().last, None);
 }
 
 #[test]
