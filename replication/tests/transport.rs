@@ -233,11 +233,16 @@ fn client_to(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_over_grpc_fail_over_and_answer_read_index() {
+    let started = std::time::Instant::now();
+    let phase = |what: &str| eprintln!("{:>8.3} s  {what}", started.elapsed().as_secs_f64());
     let mut nodes = cluster(1..=3).await;
     let leader = agreed_leader(&nodes, None).await;
+    phase("first leader agreed");
     let last = write(node(&nodes, leader), 0..200).await;
+    phase("200 writes acknowledged");
     let mut expected: Vec<Vec<u8>> = (0..200).map(records).collect();
     all_applied(&nodes, last, &expected).await;
+    phase("200 applied on every node");
 
     // pre_vote is forwarded: a follower with a live leader refuses a candidate with an empty
     // log (the trait's default would have answered "granted" without asking).
@@ -261,11 +266,15 @@ async fn three_nodes_replicate_over_grpc_fail_over_and_answer_read_index() {
     // The leader goes away: server first (peers get refused connections), then Raft.
     let dead = nodes.remove(nodes.iter().position(|n| n.id == leader).expect("leader"));
     dead.stop().await;
+    phase("leader stopped");
     let new_leader = agreed_leader(&nodes, Some(leader)).await;
+    phase("new leader agreed");
     assert_ne!(new_leader, leader);
     let last = write(node(&nodes, new_leader), 200..300).await;
+    phase("100 more writes acknowledged");
     expected.extend((200..300).map(records));
     all_applied(&nodes, last, &expected).await;
+    phase("300 applied on both survivors");
 
     // ReadIndex: the leader confirms its leadership with a quorum; a follower refuses and
     // names the leader.
