@@ -56,6 +56,7 @@ mod recovery;
 mod retention;
 mod shared;
 mod state;
+mod validate;
 mod verdict;
 mod verify;
 mod writer;

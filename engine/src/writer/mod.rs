@@ -532,14 +532,14 @@ impl Writer {
         for (i, (record, pos)) in records.iter().zip(positions).enumerate() {
             let prev = i.checked_sub(1).and_then(|p| records.get(p));
             let continues = record.continues_run(prev);
+            let lsn = first_lsn + i as u64;
+            let checked = cross_check(txn, lsn, record);
             #[cfg(feature = "testing")]
-            let applied = self
-                .shared
-                .index
-                .injected_apply_failure(i)
-                .and_then(|()| apply(txn, first_lsn + i as u64, pos, record, continues));
+            let applied = checked
+                .and_then(|()| self.shared.index.injected_apply_failure(i))
+                .and_then(|()| apply(txn, lsn, pos, record, continues));
             #[cfg(not(feature = "testing"))]
-            let applied = apply(txn, first_lsn + i as u64, pos, record, continues);
+            let applied = checked.and_then(|()| apply(txn, lsn, pos, record, continues));
             if let Err(e) = applied {
                 // None of the request's frames stay in the group and its LSNs are not taken.
                 // The overlay may hold part of it: the group must not commit (see `commit`).
@@ -567,4 +567,19 @@ impl Writer {
         self.log.advance(count);
         Ok(())
     }
+}
+
+/// In debug and test builds, checks each planned record against the rules a replicated
+/// apply enforces (`validate.rs`): the planner and the rules must agree, so a disagreement
+/// is a bug in one of them and fails the request loudly. Release builds skip it (the planner
+/// already decided on the same state).
+fn cross_check(txn: &Txn<'_>, lsn: u64, record: &Record) -> Result<()> {
+    if cfg!(debug_assertions) {
+        if let Err(why) = crate::validate::validate(txn, lsn, record)? {
+            return Err(Error::Internal(format!(
+                "the writer planned a record the apply rules refuse: {why} ({record:?})"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,186 @@
+//! The rules a record must satisfy against the state just before it: what makes applying
+//! it meaningful. A single node's writer plans only records that satisfy them (planning is
+//! where callers get their precise errors); a replicated log needs them again at apply,
+//! because entries of a deposed leader's term can commit beside the new leader's, planned
+//! against a state that is no longer the one they land on (issue 19: "apply validates
+//! deterministically"). The rules read nothing but the index state — no clock, no
+//! configuration — so every replica decides the same.
+//!
+//! Today the writer checks every record it emits against them in debug and test builds,
+//! so the whole test suite holds the planner and these rules to agreeing.
+//!
+//! Records that restate state (carry-forward snapshots, forgotten markers) and the log's own
+//! records (shutdown, blank, membership) are always valid.
+
+use crate::error::Result;
+use crate::index::{KvRead, Txn};
+use crate::record::Record;
+use crate::state::StreamState;
+
+/// Why a record cannot apply to the state before it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Rejection {
+    /// A session is opened that exists already.
+    #[error("session {0:?} exists already")]
+    SessionExists(String),
+    /// The record names a session the state does not hold.
+    #[error("session {0:?} is unknown")]
+    UnknownSession(String),
+    /// The record needs a live session; this one expired.
+    #[error("session {0:?} has expired")]
+    SessionExpired(String),
+    /// An epoch advance that does not move the epoch forward.
+    #[error("session {session:?} is at epoch {current}, not below {given}")]
+    EpochNotAhead {
+        session: String,
+        current: u64,
+        given: u64,
+    },
+    /// A stream opened in another epoch than its session's.
+    #[error("session {session:?} is at epoch {current}, the stream names {given}")]
+    StaleEpoch {
+        session: String,
+        current: u64,
+        given: u64,
+    },
+    /// A stream id that is not the LSN of its `StreamOpened` record, or is taken.
+    #[error("stream id {stream} at LSN {lsn}")]
+    StreamIdNotLsn { stream: u64, lsn: u64 },
+    /// The record names a stream the state does not hold.
+    #[error("stream {0} is unknown")]
+    UnknownStream(u64),
+    /// An event or a tombstone for a stream that already ended.
+    #[error("stream {stream} has ended ({state:?})")]
+    StreamEnded { stream: u64, state: StreamState },
+    /// An event or terminal frame whose seq does not follow the head.
+    #[error("stream {stream}: seq {seq} does not follow head {head}")]
+    SeqNotNext { stream: u64, seq: u64, head: u64 },
+    /// A watermark that does not move forward or passes the head.
+    #[error("stream {stream}: watermark {watermark} is not in {current}..={limit}")]
+    BadWatermark {
+        stream: u64,
+        watermark: u64,
+        current: u64,
+        limit: u64,
+    },
+}
+
+/// Checks `record`, to be written at `lsn`, against the state `txn` holds just before it.
+///
+/// # Errors
+/// Index read failures (the outer `Result`); the rule the record breaks (the inner one).
+pub(crate) fn validate(
+    txn: &Txn<'_>,
+    lsn: u64,
+    record: &Record,
+) -> Result<std::result::Result<(), Rejection>> {
+    let live = |session: &str| -> Result<std::result::Result<u64, Rejection>> {
+        Ok(match txn.stored_session(session)? {
+            None => Err(Rejection::UnknownSession(session.to_owned())),
+            Some(s) if s.meta.expired_at_ms.is_some() => {
+                Err(Rejection::SessionExpired(session.to_owned()))
+            }
+            Some(s) => Ok(s.meta.epoch),
+        })
+    };
+    let open_stream = |stream: u64| -> Result<std::result::Result<(u64, u64), Rejection>> {
+        Ok(match txn.stored_stream(stream)? {
+            None => Err(Rejection::UnknownStream(stream)),
+            Some(s) if s.meta.state.is_terminal() => Err(Rejection::StreamEnded {
+                stream,
+                state: s.meta.state,
+            }),
+            Some(s) => Ok((s.meta.head, s.meta.watermark)),
+        })
+    };
+    Ok(match record {
+        Record::SessionOpened { session, .. } => match txn.stored_session(session)? {
+            Some(_) => Err(Rejection::SessionExists(session.clone())),
+            None => Ok(()),
+        },
+        Record::SessionState(b) => match txn.stored_session(&b.session)? {
+            None => Err(Rejection::UnknownSession(b.session.clone())),
+            Some(_) => Ok(()),
+        },
+        Record::EpochAdvanced { session, epoch, .. } => match txn.stored_session(session)? {
+            None => Err(Rejection::UnknownSession(session.clone())),
+            Some(s) if s.meta.epoch >= *epoch => Err(Rejection::EpochNotAhead {
+                session: session.clone(),
+                current: s.meta.epoch,
+                given: *epoch,
+            }),
+            Some(_) => Ok(()),
+        },
+        Record::SessionExpired { session, .. } => live(session)?.map(|_| ()),
+        Record::StreamOpened(o) => {
+            if o.stream != lsn || txn.stored_stream(o.stream)?.is_some() {
+                Err(Rejection::StreamIdNotLsn {
+                    stream: o.stream,
+                    lsn,
+                })
+            } else {
+                match live(&o.session)? {
+                    Err(r) => Err(r),
+                    Ok(current) if current != o.epoch => Err(Rejection::StaleEpoch {
+                        session: o.session.clone(),
+                        current,
+                        given: o.epoch,
+                    }),
+                    Ok(_) => Ok(()),
+                }
+            }
+        }
+        Record::Event(e) => open_stream(e.stream)?.and_then(|(head, _)| {
+            if e.seq == head + 1 {
+                Ok(())
+            } else {
+                Err(Rejection::SeqNotNext {
+                    stream: e.stream,
+                    seq: e.seq,
+                    head,
+                })
+            }
+        }),
+        Record::Terminal(t) => open_stream(t.stream)?.and_then(|(head, _)| {
+            let expected = if t.frame.is_some() { head + 1 } else { head };
+            let frame_seq = t.frame.as_ref().map_or(expected, |f| f.seq);
+            if t.terminal_seq == expected && frame_seq == expected {
+                Ok(())
+            } else {
+                Err(Rejection::SeqNotNext {
+                    stream: t.stream,
+                    seq: t.terminal_seq,
+                    head,
+                })
+            }
+        }),
+        Record::Trim {
+            stream, watermark, ..
+        } => match txn.stored_stream(*stream)? {
+            None => Err(Rejection::UnknownStream(*stream)),
+            Some(s) => {
+                let (current, limit) = (s.meta.watermark, s.meta.head + 1);
+                if *watermark > current && *watermark <= limit {
+                    Ok(())
+                } else {
+                    Err(Rejection::BadWatermark {
+                        stream: *stream,
+                        watermark: *watermark,
+                        current,
+                        limit,
+                    })
+                }
+            }
+        },
+        Record::SessionSnapshot(_)
+        | Record::StreamSnapshot(_)
+        | Record::StreamForgotten { .. }
+        | Record::SessionForgotten { .. }
+        | Record::Shutdown { .. }
+        | Record::Blank
+        | Record::Membership { .. } => Ok(()),
+    })
+}
+
+#[cfg(test)]
+mod tests;

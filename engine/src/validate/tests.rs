@@ -1,0 +1,202 @@
+use super::*;
+use crate::index::Index;
+use crate::log::Position;
+use crate::record::{EventBody, SessionStateBody, StreamOpened, Terminal};
+
+fn event(stream: u64, seq: u64) -> Record {
+    Record::Event(EventBody {
+        stream,
+        seq,
+        at_ms: 0,
+        kind: "k".into(),
+        correlation: None,
+        payload: vec![1],
+    })
+}
+
+fn opened(stream: u64, session: &str, epoch: u64) -> Record {
+    Record::StreamOpened(StreamOpened {
+        stream,
+        session: session.into(),
+        epoch,
+        correlation: None,
+        lease_ms: None,
+        at_ms: 0,
+    })
+}
+
+/// Applies `records` from LSN 1 on, each checked first; returns the first rejection.
+fn run(records: &[Record]) -> Option<(usize, Rejection)> {
+    let dir = tempfile::tempdir().expect("dir");
+    let index = Index::open(&dir.path().join("index"), 1 << 20).expect("index");
+    let mut txn = Txn::new(&index);
+    for (i, r) in records.iter().enumerate() {
+        let lsn = i as u64 + 1;
+        if let Err(why) = validate(&txn, lsn, r).expect("read") {
+            return Some((i, why));
+        }
+        let pos = Position {
+            segment: 1,
+            offset: 80 + lsn * 100,
+            len: 100,
+        };
+        crate::apply::apply(&mut txn, lsn, pos, r, false).expect("apply");
+    }
+    None
+}
+
+fn session(name: &str) -> Record {
+    Record::SessionOpened {
+        session: name.into(),
+        epoch: 1,
+        at_ms: 0,
+    }
+}
+
+#[test]
+fn a_well_formed_history_passes() {
+    let ok = [
+        session("s"),
+        opened(2, "s", 1),
+        event(2, 1),
+        event(2, 2),
+        Record::Trim {
+            stream: 2,
+            watermark: 2,
+            at_ms: 0,
+        },
+        Record::SessionState(SessionStateBody {
+            session: "s".into(),
+            state: vec![1],
+            at_ms: 0,
+        }),
+        Record::Terminal(Terminal {
+            stream: 2,
+            state: StreamState::Completed,
+            terminal_seq: 3,
+            at_ms: 0,
+            reason: None,
+            frame: match event(2, 3) {
+                Record::Event(e) => Some(e),
+                _ => None,
+            },
+        }),
+        Record::EpochAdvanced {
+            session: "s".into(),
+            epoch: 2,
+            at_ms: 0,
+        },
+        opened(9, "s", 2),
+    ];
+    assert_eq!(run(&ok), None);
+}
+
+#[test]
+fn each_rule_refuses_what_breaks_it() {
+    let cases: Vec<(Vec<Record>, Rejection)> = vec![
+        (
+            vec![session("s"), session("s")],
+            Rejection::SessionExists("s".into()),
+        ),
+        (
+            vec![opened(1, "nobody", 1)],
+            Rejection::UnknownSession("nobody".into()),
+        ),
+        (
+            vec![session("s"), opened(7, "s", 1)],
+            Rejection::StreamIdNotLsn { stream: 7, lsn: 2 },
+        ),
+        (
+            vec![session("s"), opened(2, "s", 3)],
+            Rejection::StaleEpoch {
+                session: "s".into(),
+                current: 1,
+                given: 3,
+            },
+        ),
+        (
+            vec![session("s"), opened(2, "s", 1), event(2, 2)],
+            Rejection::SeqNotNext {
+                stream: 2,
+                seq: 2,
+                head: 0,
+            },
+        ),
+        (
+            vec![session("s"), opened(2, "s", 1), event(2, 1), event(2, 1)],
+            Rejection::SeqNotNext {
+                stream: 2,
+                seq: 1,
+                head: 1,
+            },
+        ),
+        (vec![event(5, 1)], Rejection::UnknownStream(5)),
+        (
+            vec![
+                session("s"),
+                opened(2, "s", 1),
+                Record::Terminal(Terminal {
+                    stream: 2,
+                    state: StreamState::Aborted,
+                    terminal_seq: 0,
+                    at_ms: 0,
+                    reason: None,
+                    frame: None,
+                }),
+                event(2, 1),
+            ],
+            Rejection::StreamEnded {
+                stream: 2,
+                state: StreamState::Aborted,
+            },
+        ),
+        (
+            vec![
+                session("s"),
+                Record::EpochAdvanced {
+                    session: "s".into(),
+                    epoch: 1,
+                    at_ms: 0,
+                },
+            ],
+            Rejection::EpochNotAhead {
+                session: "s".into(),
+                current: 1,
+                given: 1,
+            },
+        ),
+        (
+            vec![
+                session("s"),
+                Record::SessionExpired {
+                    session: "s".into(),
+                    at_ms: 0,
+                },
+                opened(3, "s", 1),
+            ],
+            Rejection::SessionExpired("s".into()),
+        ),
+        (
+            vec![
+                session("s"),
+                opened(2, "s", 1),
+                event(2, 1),
+                Record::Trim {
+                    stream: 2,
+                    watermark: 3,
+                    at_ms: 0,
+                },
+            ],
+            Rejection::BadWatermark {
+                stream: 2,
+                watermark: 3,
+                current: 1,
+                limit: 2,
+            },
+        ),
+    ];
+    for (records, want) in cases {
+        let last = records.len() - 1;
+        assert_eq!(run(&records), Some((last, want)), "{records:?}");
+    }
+}
