@@ -26,14 +26,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::clock::{Clock, SystemClock};
 use crate::config::SyncPolicy;
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::fs::{FileSystem, StdFs};
 use crate::log::durable_file::{self, Read};
-use crate::log::frames::{walk, ReadAhead, Step, Windowed};
 use crate::log::{Log, LogPoint, LogWriter, Segment, WriteError};
-use crate::record::{check_frame, encode_frame, Record};
+use crate::record::{encode_frame, Record};
 
+mod cut;
 mod proposal;
+mod read;
+
+use cut::Purged;
 
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
 
@@ -119,7 +121,7 @@ struct Inner {
     /// Per segment (by base entry): the offset of each entry's first frame, built on first use.
     offsets: BTreeMap<u64, SegmentEntries>,
     committed: Option<EntryId>,
-    purged: Option<EntryId>,
+    purged: Option<Purged>,
     /// Set after an I/O failure left the log's state on disk unknown.
     poisoned: Option<String>,
     _lock: File,
@@ -171,24 +173,32 @@ impl EntryLog {
             Read::Missing | Read::Damaged => None,
         };
         // What was purged is what the PURGED file says (written before any segment goes): a
-        // log may also start after entry 1 without a purge (its first entry was there).
-        let purged_by_file = match durable_file::read(fs.as_ref(), &config.dir, PURGED_FILE)? {
-            Read::Body(b) => decode_entry_id(&b),
-            Read::Missing | Read::Damaged => None,
+        // log may also start after entry 1 without a purge (its first entry was there). A
+        // damaged file is replaced by what the first segment's header says precedes it.
+        let purged = match durable_file::read(fs.as_ref(), &config.dir, PURGED_FILE)? {
+            Read::Missing => None,
+            Read::Body(b) => match Purged::decode(&b) {
+                Some(p) => Some(p),
+                None => purged_by_first_segment(&opened.log, &config.dir)?,
+            },
+            Read::Damaged => purged_by_first_segment(&opened.log, &config.dir)?,
         };
+        let mut inner = Inner {
+            log: Arc::clone(&opened.log),
+            writer: opened.writer,
+            fs,
+            dir: config.dir,
+            segment_bytes_max: config.segment_bytes_max,
+            offsets,
+            committed,
+            purged,
+            poisoned: None,
+            _lock: lock,
+        };
+        // A crash part way through a purge (or a truncation after one) is finished now.
+        inner.finish_purge()?;
         Ok(Self {
-            inner: Arc::new(Mutex::new(Inner {
-                log: opened.log,
-                writer: opened.writer,
-                fs,
-                dir: config.dir,
-                segment_bytes_max: config.segment_bytes_max,
-                offsets,
-                committed,
-                purged: purged_by_file,
-                poisoned: None,
-                _lock: lock,
-            })),
+            inner: Arc::new(Mutex::new(inner)),
         })
     }
 
@@ -207,12 +217,18 @@ impl EntryLog {
                 term: next.prev_term,
                 index: next.entry - 1,
             })
-            .filter(|l| inner.purged.is_none_or(|p| l.index > p.index))
-            .or(inner.purged);
+            .filter(|l| inner.purged.is_none_or(|p| l.index > p.id.index))
+            .or(inner.purged.map(|p| p.id));
         EntryLogState {
-            last_purged: inner.purged,
+            last_purged: inner.purged.map(|p| p.id),
             last,
         }
+    }
+
+    /// The LSN the next record gets: a function of the entries the log holds and of where it
+    /// was started or restarted (a snapshot must carry it; see `docs/REPLICATION.md`).
+    pub fn next_lsn(&self) -> u64 {
+        self.lock().writer.next().lsn
     }
 
     /// Appends `entries`, which must follow the last entry (consecutive indexes, terms never
@@ -220,13 +236,15 @@ impl EntryLog {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for entries that do not follow (nothing written);
-    /// An I/O error for which [`Error::is_no_space`] holds when the disk is full (nothing
+    /// An I/O error of kind "storage full" when the disk is full (nothing
     /// written; writing may go on once space returns); any other I/O failure (the log then
     /// refuses further writes: its state on disk is unknown).
     pub fn append(&self, entries: &[LogEntry]) -> Result<()> {
         let mut inner = self.lock();
         inner.check_usable()?;
-        inner.append(entries)
+        let r = inner.append(entries);
+        inner.poison_on_io(&r);
+        r
     }
 
     /// The entries with indexes in `from..to` that the log holds (fewer at either end if it
@@ -249,11 +267,7 @@ impl EntryLog {
         let mut inner = self.lock();
         inner.check_usable()?;
         let r = inner.truncate_after(keep);
-        if let Err(e) = &r {
-            if matches!(e, Error::Io { .. }) {
-                inner.poisoned = Some(e.to_string());
-            }
-        }
+        inner.poison_on_io(&r);
         r
     }
 
@@ -265,7 +279,9 @@ impl EntryLog {
     pub fn purge_through(&self, through: EntryId) -> Result<()> {
         let mut inner = self.lock();
         inner.check_usable()?;
-        inner.purge_through(through)
+        let r = inner.purge_through(through);
+        inner.poison_on_io(&r);
+        r
     }
 
     /// Records the last committed entry: segments may now be sealed up to it. Saved without
@@ -326,6 +342,16 @@ impl Inner {
         self.committed.map_or(0, |c| c.index)
     }
 
+    /// After an I/O failure other than a full disk (whose writes leave nothing behind), the
+    /// state on disk is unknown: the log refuses further writes until it is opened again.
+    fn poison_on_io<T>(&mut self, r: &Result<T>) {
+        if let Err(e) = r {
+            if matches!(e, Error::Io { .. }) && !e.is_no_space() {
+                self.poisoned = Some(e.to_string());
+            }
+        }
+    }
+
     fn check_usable(&self) -> Result<()> {
         match &self.poisoned {
             Some(why) => Err(Error::Internal(format!(
@@ -336,19 +362,18 @@ impl Inner {
     }
 
     fn append(&mut self, entries: &[LogEntry]) -> Result<()> {
-        if let Some(first) = entries.first() {
-            if self.is_empty() && first.id.index > self.writer.next().entry {
-                // A log that never held an entry starts wherever its first entry is (Raft
-                // allows it): the empty active segment is replaced by one that starts there.
-                let next = self.writer.next();
-                self.restart_active(LogPoint {
-                    lsn: next.lsn,
-                    entry: first.id.index,
-                    prev_term: 0,
-                })?;
-            }
-        }
-        let mut expected = self.writer.next();
+        // A log that never held an entry starts wherever its first entry is (Raft allows
+        // it): once the batch is checked, the empty active segment is replaced by one that
+        // starts there.
+        let start_at = entries
+            .first()
+            .filter(|first| self.is_empty() && first.id.index > self.writer.next().entry)
+            .map(|first| LogPoint {
+                lsn: self.writer.next().lsn,
+                entry: first.id.index,
+                prev_term: 0,
+            });
+        let mut expected = start_at.unwrap_or_else(|| self.writer.next());
         for e in entries {
             if e.id.index != expected.entry || e.id.term < expected.prev_term {
                 return Err(Error::invalid(
@@ -368,6 +393,9 @@ impl Inner {
             .iter()
             .map(|e| e.payload.records())
             .collect::<Result<Vec<_>>>()?;
+        if let Some(at) = start_at {
+            self.restart_active(at)?;
+        }
         // A batch goes whole into one segment: the active one rolls only before it, and only
         // once every entry in it is committed (it may overrun its size by a batch).
         if self.rotate_due() {
@@ -405,25 +433,6 @@ impl Inner {
         self.purged.is_none()
             && self.offsets.len() == 1
             && self.writer.active().len() == crate::format::SEGMENT_HEADER_BYTES as u64
-    }
-
-    /// Replaces the active segment (whose entries, if any, are purged or were never
-    /// written) with an empty one starting at `to`.
-    fn restart_active(&mut self, to: LogPoint) -> Result<()> {
-        let active = Arc::clone(self.writer.active());
-        let key = self
-            .offsets
-            .iter()
-            .find(|(_, s)| Arc::ptr_eq(&s.segment, &active))
-            .map(|(k, _)| *k);
-        active.seal()?;
-        self.log.remove_suffix(&[active.base_lsn()])?;
-        if let Some(k) = key {
-            self.offsets.remove(&k);
-        }
-        self.writer.restart_at(to)?;
-        self.track_active();
-        Ok(())
     }
 
     /// True when the active segment is full and every entry in it is committed.
@@ -471,202 +480,6 @@ impl Inner {
             },
         );
     }
-
-    /// The segment holding entry `index` (by base entry) with its offsets built.
-    fn locate(&mut self, index: u64) -> Result<Option<(Arc<Segment>, u64)>> {
-        let next = self.writer.next().entry;
-        if index == 0 || index >= next {
-            return Ok(None);
-        }
-        let Some((&base, entries)) = self.offsets.range_mut(..=index).next_back() else {
-            return Ok(None);
-        };
-        if entries.offsets.is_none() {
-            entries.offsets = Some(entry_offsets(&entries.segment)?);
-        }
-        let offsets = entries.offsets.as_deref().unwrap_or_default();
-        let at = usize::try_from(index - base).unwrap_or(usize::MAX);
-        Ok(offsets.get(at).map(|&o| (Arc::clone(&entries.segment), o)))
-    }
-
-    fn read(&mut self, from: u64, to: u64) -> Result<Vec<LogEntry>> {
-        let first = self
-            .purged
-            .map_or(1, |p| p.index + 1)
-            .max(self.offsets.keys().next().copied().unwrap_or(1));
-        let mut out = Vec::new();
-        let mut ahead = ReadAhead::default();
-        let mut current: Option<u64> = None;
-        for index in from.max(first)..to.min(self.writer.next().entry) {
-            let Some((segment, offset)) = self.locate(index)? else {
-                break;
-            };
-            if current != Some(segment.base_lsn()) {
-                ahead = ReadAhead::default();
-                current = Some(segment.base_lsn());
-            }
-            out.push(read_entry(&segment, &mut ahead, offset, index)?);
-        }
-        Ok(out)
-    }
-
-    fn truncate_after(&mut self, keep: Option<u64>) -> Result<()> {
-        let next = self.writer.next();
-        let cut = keep.map_or(1, |k| k + 1);
-        if cut >= next.entry {
-            return Ok(());
-        }
-        if cut <= self.committed_index() {
-            return Err(Error::Internal(format!(
-                "truncating after entry {} would remove committed entries (committed {})",
-                cut - 1,
-                self.committed_index()
-            )));
-        }
-        let later: Vec<u64> = self.offsets.range(cut..).map(|(b, _)| *b).collect();
-        let holder = self
-            .offsets
-            .range(..cut)
-            .next_back()
-            .map(|(b, s)| (*b, Arc::clone(&s.segment)));
-        match holder {
-            Some((base, seg)) if Arc::ptr_eq(&seg, self.writer.active()) => {
-                // The cut is inside the active segment: cut it there.
-                let (_, offset) = self.locate(cut)?.ok_or_else(|| {
-                    Error::Internal(format!("entry {cut} is not in the active segment"))
-                })?;
-                let to = self.point_of(&seg, base, offset, cut)?;
-                self.writer.cut_active(offset, to)?;
-                if let Some(o) = self.offsets.get_mut(&base).and_then(|s| s.offsets.as_mut()) {
-                    o.truncate(usize::try_from(cut - base).unwrap_or(usize::MAX));
-                }
-                Ok(())
-            }
-            Some((base, seg)) => {
-                // The cut falls after a sealed segment: only whole later segments may go.
-                let first_later = later.first().copied().unwrap_or(u64::MAX);
-                if first_later != cut {
-                    return Err(Error::Internal(format!(
-                        "truncating after entry {} would cut the sealed segment {} (entries from {base})",
-                        cut - 1,
-                        seg.path().display()
-                    )));
-                }
-                self.drop_segments_from(cut)
-            }
-            None => self.drop_segments_from(cut),
-        }
-    }
-
-    /// Unlinks every segment whose entries start at or after `cut` (newest first), then
-    /// starts a new active segment where the first of them began.
-    fn drop_segments_from(&mut self, cut: u64) -> Result<()> {
-        let doomed: Vec<(u64, Arc<Segment>)> = self
-            .offsets
-            .range(cut..)
-            .map(|(b, s)| (*b, Arc::clone(&s.segment)))
-            .collect();
-        let Some((_, first)) = doomed.first() else {
-            return Ok(());
-        };
-        let header = first.header()?;
-        let to = LogPoint {
-            lsn: header.base_lsn,
-            entry: header.base_entry,
-            prev_term: header.prev_term,
-        };
-        let bases: Vec<u64> = doomed.iter().map(|(_, s)| s.base_lsn()).collect();
-        // The active segment goes too: release its descriptor before unlinking.
-        self.writer.active().seal()?;
-        self.log.remove_suffix(&bases)?;
-        for (b, _) in &doomed {
-            self.offsets.remove(b);
-        }
-        self.writer.restart_at(to)?;
-        self.track_active();
-        Ok(())
-    }
-
-    /// The log point of entry `index`, whose first frame is at `offset` of `seg` (whose
-    /// first entry is `base`).
-    fn point_of(&mut self, seg: &Segment, base: u64, offset: u64, index: u64) -> Result<LogPoint> {
-        let mut ahead = ReadAhead::default();
-        let head = frame_header(seg, &mut ahead, offset)?;
-        let prev_term = if index > base {
-            let (_, prev_offset) = self
-                .locate(index - 1)?
-                .ok_or_else(|| Error::Internal(format!("entry {} is not stored", index - 1)))?;
-            frame_header(seg, &mut ahead, prev_offset)?.term
-        } else {
-            seg.header()?.prev_term
-        };
-        Ok(LogPoint {
-            lsn: head.lsn,
-            entry: index,
-            prev_term,
-        })
-    }
-
-    fn purge_through(&mut self, through: EntryId) -> Result<()> {
-        if self.purged.is_some_and(|p| p.index >= through.index) {
-            return Ok(());
-        }
-        durable_file::write(
-            self.fs.as_ref(),
-            &self.dir,
-            PURGED_FILE,
-            &encode_entry_id(through),
-        )?;
-        self.purged = Some(through);
-        let next = self.writer.next();
-        if through.index + 1 >= next.entry {
-            // Purged past the last entry (a snapshot installed ahead of the log): every
-            // entry goes, and the log goes on after `through`.
-            let sealed: Vec<u64> = self
-                .offsets
-                .values()
-                .filter(|s| !Arc::ptr_eq(&s.segment, self.writer.active()))
-                .map(|s| s.segment.base_lsn())
-                .collect();
-            if !sealed.is_empty() {
-                self.log.purge_prefix(&sealed)?;
-            }
-            let active = Arc::clone(self.writer.active());
-            self.offsets.retain(|_, s| Arc::ptr_eq(&s.segment, &active));
-            return self.restart_active(LogPoint {
-                lsn: next.lsn,
-                entry: through.index + 1,
-                prev_term: through.term,
-            });
-        }
-        // Whole sealed segments whose entries all are at or below `through`.
-        let bases: Vec<(u64, u64)> = self
-            .offsets
-            .keys()
-            .copied()
-            .zip(self.offsets.keys().copied().skip(1))
-            .collect();
-        let mut doomed = Vec::new();
-        for (base, next_base) in bases {
-            if next_base <= through.index + 1 {
-                doomed.push(base);
-            } else {
-                break;
-            }
-        }
-        let segments: Vec<u64> = doomed
-            .iter()
-            .filter_map(|b| self.offsets.get(b).map(|s| s.segment.base_lsn()))
-            .collect();
-        if segments.is_empty() {
-            return Ok(());
-        }
-        self.log.purge_prefix(&segments)?;
-        for b in doomed {
-            self.offsets.remove(&b);
-        }
-        Ok(())
-    }
 }
 
 impl EntryPayload {
@@ -700,81 +513,25 @@ impl EntryPayload {
     }
 }
 
-/// The offsets of the first frame of every complete entry in `seg`.
-fn entry_offsets(seg: &Segment) -> Result<Vec<u64>> {
-    let mut out = Vec::new();
-    let mut group_start = None;
-    let end = walk(&mut Windowed::new(seg), seg.base_lsn(), |step| {
-        match step {
-            Step::Frame(f) => {
-                group_start.get_or_insert(f.offset);
-            }
-            Step::GroupEnd => out.extend(group_start.take()),
-        }
-        Ok(Ok(()))
-    })?;
-    if let Some((offset, kind)) = end.damage {
-        if offset < seg.len() && seg.is_sealed() {
-            return Err(seg.corruption(offset, kind));
-        }
-    }
-    Ok(out)
-}
-
-/// The header of the frame at `offset`, checked with its body.
-fn frame_header(seg: &Segment, ahead: &mut ReadAhead, offset: u64) -> Result<FrameHeader> {
-    let head = ahead.at(seg, offset, FRAME_HEADER_BYTES as u64)?;
-    let len = crate::log::frames::frame_len_in(head)
-        .ok_or_else(|| seg.corruption(offset, CorruptionKind::BadLength(0)))?;
-    let bytes = ahead.at(seg, offset, len)?;
-    check_frame(bytes).map_err(|e| seg.corruption(offset, crate::log::frames::frame_corruption(e)))
-}
-
-/// Reads the entry whose first frame is at `offset`.
-fn read_entry(
-    seg: &Segment,
-    ahead: &mut ReadAhead,
-    mut offset: u64,
-    index: u64,
-) -> Result<LogEntry> {
-    let mut records = Vec::new();
-    let mut term = None;
-    loop {
-        let header = frame_header(seg, ahead, offset)?;
-        if header.entry != index || term.is_some_and(|t| t != header.term) {
-            return Err(seg.corruption(
-                offset,
-                CorruptionKind::EntryGap {
-                    expected: index,
-                    got: header.entry,
-                },
-            ));
-        }
-        term = Some(header.term);
-        let bytes = ahead.at(seg, offset, header.frame_len())?;
-        let body = bytes
-            .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
-            .unwrap_or_default();
-        records.push((header.record_type, body.to_vec()));
-        offset += header.frame_len();
-        if header.group_left == 0 {
-            break;
-        }
-    }
-    let id = EntryId {
-        term: term.unwrap_or(0),
-        index,
-    };
-    let payload = match records.as_slice() {
-        [(crate::record::tag::BLANK, _)] => EntryPayload::Blank,
-        [(crate::record::tag::MEMBERSHIP, config)] => EntryPayload::Membership(config.clone()),
-        _ => EntryPayload::Records(Proposal::from_raw(records)),
-    };
-    Ok(LogEntry { id, payload })
-}
-
 fn decode_u64(b: &[u8]) -> Option<u64> {
     b.try_into().ok().map(u64::from_le_bytes)
+}
+
+/// What precedes the first segment, as its header says (a damaged `PURGED` file's
+/// stand-in): nothing if it starts at entry 1.
+fn purged_by_first_segment(log: &Log, dir: &std::path::Path) -> Result<Option<Purged>> {
+    tracing::warn!(dir = %dir.display(), "the PURGED file is damaged: taking what was purged from the first segment");
+    let Some(first) = log.all().into_iter().next() else {
+        return Ok(None);
+    };
+    let h = first.header()?;
+    Ok((h.base_entry > 1).then_some(Purged {
+        id: EntryId {
+            term: h.prev_term,
+            index: h.base_entry - 1,
+        },
+        lsn_after: h.base_lsn,
+    }))
 }
 
 fn encode_entry_id(id: EntryId) -> Vec<u8> {

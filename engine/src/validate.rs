@@ -11,6 +11,15 @@
 //!
 //! Records that restate state (carry-forward snapshots, forgotten markers) and the log's own
 //! records (shutdown, blank, membership) are always valid.
+//!
+//! The rules are per record, in order, each against the state the records before it left;
+//! a group (an entry) is all or nothing, so its caller refuses the whole group when any of
+//! its records is refused (the writer fails the whole request).
+//!
+//! An event needs its stream's session live and still at the stream's epoch: an epoch
+//! advance (or an expiry) ends the session's open streams in the same group, but a stream
+//! opened by a deposed leader's entry that commits before the advance is not among them,
+//! and its later events must not pass.
 
 use crate::error::Result;
 use crate::index::{KvRead, Txn};
@@ -52,6 +61,14 @@ pub(crate) enum Rejection {
     /// An event or a tombstone for a stream that already ended.
     #[error("stream {stream} has ended ({state:?})")]
     StreamEnded { stream: u64, state: StreamState },
+    /// An event for a stream of an epoch its session has left.
+    #[error("stream {stream} is of epoch {stream_epoch}; session {session:?} is at {current}")]
+    StreamSuperseded {
+        stream: u64,
+        session: String,
+        stream_epoch: u64,
+        current: u64,
+    },
     /// An event or terminal frame whose seq does not follow the head.
     #[error("stream {stream}: seq {seq} does not follow head {head}")]
     SeqNotNext { stream: u64, seq: u64, head: u64 },
@@ -130,7 +147,11 @@ pub(crate) fn validate(
                 }
             }
         }
-        Record::Event(e) => open_stream(e.stream)?.and_then(|(head, _)| {
+        Record::Event(e) => match current_epoch_of(txn, e.stream)? {
+            Err(r) => Err(r),
+            Ok(()) => open_stream(e.stream)?,
+        }
+        .and_then(|(head, _)| {
             if e.seq == head + 1 {
                 Ok(())
             } else {
@@ -179,6 +200,25 @@ pub(crate) fn validate(
         | Record::Shutdown { .. }
         | Record::Blank
         | Record::Membership { .. } => Ok(()),
+    })
+}
+
+/// Whether stream `stream`'s session is live and still at the stream's epoch (an unknown
+/// stream passes here: the stream rules refuse it).
+fn current_epoch_of(txn: &Txn<'_>, stream: u64) -> Result<std::result::Result<(), Rejection>> {
+    let Some(s) = txn.stored_stream(stream)? else {
+        return Ok(Ok(()));
+    };
+    Ok(match txn.stored_session(&s.meta.session)? {
+        None => Err(Rejection::UnknownSession(s.meta.session)),
+        Some(n) if n.meta.expired_at_ms.is_some() => Err(Rejection::SessionExpired(s.meta.session)),
+        Some(n) if n.meta.epoch != s.meta.epoch => Err(Rejection::StreamSuperseded {
+            stream,
+            session: s.meta.session,
+            stream_epoch: s.meta.epoch,
+            current: n.meta.epoch,
+        }),
+        Some(_) => Ok(()),
     })
 }
 

@@ -169,3 +169,74 @@ fn a_power_loss_at_every_step_loses_no_acknowledged_entry() {
     }
     panic!("the script did not finish within the steps tried");
 }
+
+/// A purge past the last entry (a snapshot installed ahead of the log), appends after it, a
+/// truncation of everything after the purged entry, and a rewrite: a crash at each step.
+/// After each crash the log reopens, takes the next append at `last + 1`, and gives the
+/// entries after the purge the LSNs they had (the one after the purge is the one recorded).
+#[test]
+fn a_power_loss_during_a_purge_past_the_end_or_a_truncation_after_it_heals_at_open() {
+    let through = EntryId { term: 1, index: 10 };
+    for (crashes, step) in (1..10_000u64).enumerate() {
+        let fs = FaultyFs::new(step);
+        fs.set_tear(Tear::Sectors);
+        let dir = tempfile::tempdir().unwrap();
+        let log = EntryLog::open_with_fs(config(dir.path()), Arc::new(fs.clone())).unwrap();
+        log.append(&(1..4).map(|i| entry(1, i, 50)).collect::<Vec<_>>())
+            .unwrap();
+        log.save_committed(EntryId { term: 1, index: 3 }).unwrap();
+        assert_eq!(log.next_lsn(), 4);
+        let before = fs.ops();
+        fs.inject(step, Fault::CrashDuringOp);
+        let finished = (|| {
+            log.purge_through(through)?;
+            log.append(&[entry(1, 11, 50), entry(1, 12, 50)])?;
+            log.truncate_after(Some(10))?;
+            log.append(&[entry(2, 11, 50)])
+        })()
+        .is_ok();
+        drop(log);
+        if finished && fs.ops() < before + step {
+            eprintln!("power lost at {crashes} steps");
+            assert!(crashes > 10, "crashed at many steps: {crashes}");
+            return;
+        }
+        fs.crash(true);
+        fs.revive();
+        let log = EntryLog::open_with_fs(config(dir.path()), Arc::new(fs.clone()))
+            .unwrap_or_else(|e| panic!("step {step}: reopen: {e}"));
+        let state = log.state();
+        let last = state.last.unwrap_or_else(|| panic!("step {step}: empty"));
+        match state.last_purged {
+            None => {
+                // The purge never became durable: the log is as it was.
+                assert_eq!((last.index, log.next_lsn()), (3, 4), "step {step}");
+            }
+            Some(p) => {
+                assert_eq!(p, through, "step {step}");
+                assert!(last.index >= 10, "step {step}: {last:?}");
+                // One record per entry after the purge, from the recorded LSN on.
+                assert_eq!(log.next_lsn(), 4 + (last.index - 10), "step {step}");
+                let held = log.read(0, u64::MAX).unwrap();
+                assert_eq!(held.len() as u64, last.index - 10, "step {step}");
+            }
+        }
+        log.append(&[entry(last.term.max(2), last.index + 1, 10)])
+            .unwrap_or_else(|e| panic!("step {step}: append after the crash: {e}"));
+    }
+    panic!("the script did not finish within the steps tried");
+}
+
+/// A first append that is refused leaves an empty log empty (it may still start anywhere).
+#[test]
+fn a_refused_first_append_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EntryLog::open(config(dir.path())).unwrap();
+    assert!(log.append(&[entry(1, 5, 10), entry(1, 7, 10)]).is_err());
+    assert_eq!(log.state().last, None);
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).unwrap();
+    assert_eq!(log.state().last, None);
+    log.append(&[entry(1, 1, 10)]).unwrap();
+    assert_eq!(log.state().last, Some(EntryId { term: 1, index: 1 }));
+}

@@ -11,7 +11,7 @@
 //! everything openraft sends round-trips (the tests below check each message kind).
 //!
 //! Compatibility: postcard is not self-describing, so both ends must run the same openraft
-//! version and the same [`TypeConfig`](crate::TypeConfig). The exact openraft pin
+//! version and the same [`TypeConfig`]. The exact openraft pin
 //! (Cargo.toml) is what keeps this true within one release of cursorlog; a rolling upgrade
 //! across an openraft bump needs a version field here first.
 

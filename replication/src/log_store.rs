@@ -6,7 +6,7 @@
 //!   entry's term; openraft's first index is 0, the engine's first entry is 1, so
 //!   **entry = Raft index + 1** (here and only here);
 //! - `Blank` and `Membership` entries are one record each (tags 14 and 15, FORMAT.md), the
-//!   membership encoded with this crate's [`codec`](crate::codec); a `Normal` entry's
+//!   membership encoded with this crate's [`codec`]; a `Normal` entry's
 //!   [`Proposal`] bytes are the engine's proposal encoding, checked before they are written;
 //! - `append` writes and `fdatasync`s before it calls openraft's flushed callback, on a
 //!   blocking thread (the engine's I/O is synchronous);
@@ -131,7 +131,8 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
-        let state = self.log.state();
+        // Off the runtime's threads: the log's lock is held through an append's fdatasync.
+        let state = self.blocking(|log| Ok(log.state())).await?;
         Ok(LogState {
             last_purged_log_id: state.last_purged.map(to_raft),
             last_log_id: state.last.map(to_raft),
@@ -156,7 +157,8 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
-        Ok(self.log.committed().map(to_raft))
+        let committed = self.blocking(|log| Ok(log.committed())).await?;
+        Ok(committed.map(to_raft))
     }
 
     async fn append<I>(
@@ -168,10 +170,17 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let entries = entries
+        let entries = match entries
             .into_iter()
             .map(stored)
-            .collect::<io::Result<Vec<_>>>()?;
+            .collect::<io::Result<Vec<_>>>()
+        {
+            Ok(entries) => entries,
+            Err(e) => {
+                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(e);
+            }
+        };
         // Written and fdatasynced when `append` returns: readable now, durable now.
         let r = self.blocking(move |log| log.append(&entries)).await;
         match r {

@@ -271,7 +271,8 @@ pub(crate) fn open(
             log.clone(),
             tail,
             next,
-            tail_header.term,
+            // A replicated log's entries carry their leaders' terms, above the header's.
+            tail_header.term.max(end.last_term),
             policy,
             this_boot,
             Arc::clone(clock),
@@ -287,7 +288,7 @@ pub(crate) fn open(
             upgraded_from,
         });
     }
-    let term = tail_header.term + 1;
+    let term = tail_header.term.max(end.last_term) + 1;
     if end.valid_end > SEGMENT_HEADER_BYTES as u64 {
         tail.seal()?;
         log.insert(Arc::new(tail));

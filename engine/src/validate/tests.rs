@@ -195,6 +195,30 @@ fn each_rule_refuses_what_breaks_it() {
             },
         ),
     ];
+    // A stream a deposed leader opened commits before the new leader's epoch advance, which
+    // did not know it and so did not end it: its events must not pass.
+    let fenced = vec![
+        session("s"),
+        opened(2, "s", 1),
+        Record::EpochAdvanced {
+            session: "s".into(),
+            epoch: 2,
+            at_ms: 0,
+        },
+        event(2, 1),
+    ];
+    assert_eq!(
+        run(&fenced),
+        Some((
+            3,
+            Rejection::StreamSuperseded {
+                stream: 2,
+                session: "s".into(),
+                stream_epoch: 1,
+                current: 2
+            }
+        ))
+    );
     for (records, want) in cases {
         let last = records.len() - 1;
         assert_eq!(run(&records), Some((last, want)), "{records:?}");
