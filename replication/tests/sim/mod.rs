@@ -1,7 +1,8 @@
-//! The simulated cluster of `tests/cluster_sim.rs`: nodes ([`node`]), their network
-//! ([`net`]), the clients ([`client`]) and the faults.
+//! The simulated cluster of `tests/cluster_sim.rs`: nodes ([`node`]) on slow fault-injecting
+//! disks ([`disk`]), their network ([`net`]), the clients ([`client`]) and the faults.
 
 pub mod client;
+pub mod disk;
 pub mod net;
 pub mod node;
 

@@ -15,6 +15,7 @@ use cursorlog_replication::{Entry, LogId, NodeId, SegmentLogStore, TypeConfig, V
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
 
+use super::disk::SlowFs;
 use super::net::{Net, SimRaft};
 use crate::support::MemStateMachine;
 
@@ -160,8 +161,10 @@ pub struct Running {
 pub struct Node {
     /// Its id.
     pub id: NodeId,
-    /// Its disk.
+    /// Its disk (the log sees it through [`SlowFs`]: syncs take time).
     pub fs: FaultyFs,
+    /// The seed of its syncs' latencies.
+    latency_seed: u64,
     /// Its data directory (the disk's files are keyed by paths under it; the engine's
     /// directory lock is a real file there).
     dir: tempfile::TempDir,
@@ -189,6 +192,7 @@ impl Node {
         Ok(Self {
             id,
             fs: FaultyFs::new(seed),
+            latency_seed: seed.rotate_left(17),
             dir: tempfile::tempdir()?,
             running: None,
         })
@@ -206,7 +210,15 @@ impl Node {
     async fn open_log(&self) -> Result<EntryLog, StartError> {
         let started = Instant::now();
         loop {
-            match EntryLog::open_with_fs(self.config(), Arc::new(self.fs.clone())) {
+            let (config, disk) = (
+                self.config(),
+                SlowFs::new(self.fs.clone(), self.latency_seed),
+            );
+            let opened =
+                tokio::task::spawn_blocking(move || EntryLog::open_with_fs(config, Arc::new(disk)))
+                    .await
+                    .map_err(|e| StartError::Raft(self.id, format!("the open task failed: {e}")))?;
+            match opened {
                 Ok(log) => return Ok(log),
                 Err(EngineError::Locked { .. }) if started.elapsed() < LOCK_WAIT => {
                     // Waiting for another task's drop: there is no event to wait for.
