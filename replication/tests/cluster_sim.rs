@@ -6,8 +6,9 @@
 //! retrying with the same bytes on `ForwardToLeader`, errors and timeouts, while a driver
 //! injects faults chosen by a seeded RNG, one per round: a node killed then its disk's power
 //! lost (unsynced bytes dropped or torn), the leader killed (disk intact), a power loss of any
-//! subset of the nodes while they run (all three included), the leader partitioned both ways
-//! or one way. Each fault lasts until the surviving quorum (if there is one) acknowledged more
+//! subset of the nodes while they run (all three included; each disk at once or in the middle
+//! of one of its next operations), the leader partitioned both ways or one way. Syncs take
+//! 0–2 ms (`sim/disk.rs`), as on a real disk. Each fault lasts until the surviving quorum (if there is one) acknowledged more
 //! writes; then it heals (restarts, links back) and the full cluster must acknowledge more.
 //!
 //! The oracle, after a final write that every node applies:
@@ -21,9 +22,10 @@
 //! 8 of 8 seeds fail (acknowledged proposals missing from a node's log, two different
 //! proposals at one log id, or openraft's "follower log reversion" assertion). A store that
 //! reports an append flushed *before* writing it was not caught (6 seeds x 20 rounds, 3 x 60):
-//! the leader's state machine reads the entry through the engine, whose lock the append holds
-//! through its fsync, so a leader never acknowledges a write before its own fsync, and only a
-//! follower's early report, lost together with the leader's copy, could lose one.
+//! openraft's state machine reads the entry back through the engine, whose lock the append
+//! holds through its fsync, so in practice a leader acknowledges a write only after its own
+//! fsync; losing one would take followers' early reports lost together with a leader change
+//! to one of them, which no run produced.
 //!
 //! `CURSORLOG_SIM_SEED=<n>` picks the seed (default 1), `CURSORLOG_SIM_ROUNDS=<n>` the number
 //! of faults (default 12). A failure names its seed. Timing is real (openraft's timers, the
