@@ -1,5 +1,5 @@
 //! The storage under each benchmark node: the real log store ([`SegmentLogStore`] over an
-//! [`EntryLog`]) wrapped to count its appends, and a STAND-IN state machine.
+//! [`EntryLog`](cursorlog_engine::EntryLog)) wrapped to count its appends, and a STAND-IN state machine.
 //!
 //! **The state machine is the benchmark's stand-in, not the engine's apply** (there is none
 //! yet): it only counts applied entries and keeps the last applied log id and membership,
