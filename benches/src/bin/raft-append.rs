@@ -55,10 +55,17 @@ struct Cli {
         default_value = "raft3,raft1,single"
     )]
     configs: Vec<String>,
+    /// Leave Nagle's algorithm on for the nodes' accepted connections (the server crate turns
+    /// it off), to measure what it costs.
+    #[arg(long)]
+    server_nagle: bool,
     /// Instead: kill the leader this many times under 16 writing clients, with the default
     /// timing and with the fast one.
     #[arg(long)]
     failover: Option<usize>,
+    /// Run the throughput configurations with the fast timing (default: `ClusterTiming`'s).
+    #[arg(long)]
+    fast: bool,
     /// The fast timing's heartbeat, ms.
     #[arg(long, default_value_t = 50)]
     fast_heartbeat: u64,
@@ -70,24 +77,26 @@ struct Cli {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
+    cluster::SERVER_NODELAY.store(!cli.server_nagle, std::sync::atomic::Ordering::Relaxed);
     let root = cursorlog_benches::bench_root();
     println!(
-        "raft-append: data under {} ({}), {} cores, load {:.2}",
+        "raft-append: data under {} ({}), {} cores, server TCP_NODELAY {}, load {:.2}",
         root.display(),
         cursorlog_benches::fs_type(&root).unwrap_or_else(|| "?".into()),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
+        !cli.server_nagle,
         loadavg()
     );
+    let fast = match cli.fast_election[..] {
+        [min, max] => ClusterTiming {
+            heartbeat: Duration::from_millis(cli.fast_heartbeat),
+            election_min: Duration::from_millis(min),
+            election_max: Duration::from_millis(max),
+            ..ClusterTiming::default()
+        },
+        _ => return Err("--fast-election takes min,max".into()),
+    };
     if let Some(kills) = cli.failover {
-        let fast = match cli.fast_election[..] {
-            [min, max] => ClusterTiming {
-                heartbeat: Duration::from_millis(cli.fast_heartbeat),
-                election_min: Duration::from_millis(min),
-                election_max: Duration::from_millis(max),
-                ..ClusterTiming::default()
-            },
-            _ => return Err("--fast-election takes min,max".into()),
-        };
         for (name, timing) in [("default", ClusterTiming::default()), ("fast", fast)] {
             let load0 = loadavg();
             let f = failover(&root, kills, 16, timing.clone()).await?;
@@ -98,7 +107,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "failover {name} (heartbeat {:?}, election {:?}–{:?}), {kills} kills, load \
                  {load0:.2}→{:.2}:\n  kill → first ack on the new leader, ms: {}\n  restart → \
                  caught up, ms: {}\n  extra terms at failover {}, spurious elections between \
-                 kills {}, retried writes {}, acked {}\n  each kill, ms: {:?}",
+                 kills {}, failed and retried writes {}, acked {}\n  each kill, ms: {:?}",
                 timing.heartbeat,
                 timing.election_min,
                 timing.election_max,
@@ -119,14 +128,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let duration = Duration::from_secs_f64(cli.duration);
+    let timing = if cli.fast {
+        fast
+    } else {
+        ClusterTiming::default()
+    };
+    println!("raft timing: {timing:?}");
     // (clients, config) → one result per round.
     let mut results: BTreeMap<(usize, String), Vec<RunResult>> = BTreeMap::new();
     for round in 1..=cli.rounds {
         for &n in &cli.clients {
             for config in &cli.configs {
                 let r = match config.as_str() {
-                    "raft3" => run_raft(&root, 3, n, duration).await?,
-                    "raft1" => run_raft(&root, 1, n, duration).await?,
+                    "raft3" => run_raft(&root, 3, n, duration, &timing).await?,
+                    "raft1" => run_raft(&root, 1, n, duration, &timing).await?,
                     "single" => run_single(&root, n, duration).await?,
                     other => return Err(format!("unknown config {other}").into()),
                 };

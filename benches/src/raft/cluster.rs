@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt as _;
 
 use super::store::{AppendCounts, CountingSm, CountingStore};
 
@@ -94,7 +96,7 @@ impl Node {
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                .serve_with_incoming_shutdown(incoming(listener), async {
                     let _ = stopped.await;
                 }),
         );
@@ -126,6 +128,24 @@ impl Node {
     pub fn term(&self) -> u64 {
         self.raft.metrics().borrow_watched().current_term
     }
+}
+
+/// Whether accepted connections get `TCP_NODELAY`, as the server crate's accept loop sets it
+/// (`server/src/connections.rs`). Off, a reply waits on Nagle's algorithm for the peer's
+/// delayed ACK (~40 ms on Linux): `--server-nagle` measures that.
+pub static SERVER_NODELAY: AtomicBool = AtomicBool::new(true);
+
+/// The listener's connections, with [`SERVER_NODELAY`] applied.
+fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    let nodelay = SERVER_NODELAY.load(Ordering::Relaxed);
+    TcpListenerStream::new(listener).map(move |conn| {
+        conn.inspect(|s| {
+            // Best effort, as the server does: a socket that refuses it still works.
+            let _ = s.set_nodelay(nodelay);
+        })
+    })
 }
 
 /// The live nodes' Raft handles, for clients to find the leader while nodes come and go.

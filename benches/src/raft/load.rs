@@ -86,7 +86,8 @@ impl AckWatch {
 pub struct ClientStats {
     /// Latencies (µs) of the writes acknowledged before the deadline.
     pub hist: Histogram<u64>,
-    /// Writes that failed and were retried (leader changes, lapsed leases).
+    /// Writes that failed and were retried (leader changes, lapsed leases); polls for a
+    /// leader while there is none are not counted.
     pub errors: u64,
 }
 
@@ -115,10 +116,10 @@ pub async fn client(
         let begin = Instant::now();
         let node = loop {
             match write(&target, &mut leader, &proposal).await {
-                Some(node) => break node,
-                None if stop.load(Ordering::Relaxed) => return stats,
-                None => {
-                    stats.errors += 1;
+                Ok(node) => break node,
+                Err(_) if stop.load(Ordering::Relaxed) => return stats,
+                Err(attempted) => {
+                    stats.errors += u64::from(attempted);
                     // Between leaders: poll for the next one (1 ms is the resolution of the
                     // failover figure, well under the elections measured).
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -137,32 +138,33 @@ pub async fn client(
     stats
 }
 
-/// One write; the acknowledging node's id, or `None` when it failed.
+/// One write; the acknowledging node's id, or whether a write was attempted (`false`: no
+/// node leads right now).
 async fn write(
     target: &Target,
     leader: &mut Option<(NodeId, Raft<CountingSm>)>,
     proposal: &Proposal,
-) -> Option<NodeId> {
+) -> Result<NodeId, bool> {
     match target {
         Target::Single(tx) => {
             let (ack, acked) = oneshot::channel();
-            tx.send((proposal.clone(), ack)).ok()?;
-            acked.await.ok().map(|()| 0)
+            tx.send((proposal.clone(), ack)).map_err(|_| true)?;
+            acked.await.map(|()| 0).map_err(|_| true)
         }
         Target::Raft(router) => {
             if leader.is_none() {
                 *leader = router.leader();
             }
-            let (id, raft) = leader.as_ref()?;
+            let (id, raft) = leader.as_ref().ok_or(false)?;
             let records = proposal.as_bytes().to_vec();
             match raft
                 .client_write(cursorlog_replication::Proposal { records })
                 .await
             {
-                Ok(_) => Some(*id),
+                Ok(_) => Ok(*id),
                 Err(_) => {
                     *leader = None;
-                    None
+                    Err(true)
                 }
             }
         }

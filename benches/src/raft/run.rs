@@ -85,7 +85,8 @@ fn result(hist: &Histogram<u64>, duration: Duration, errors: u64, load0: f64) ->
     }
 }
 
-/// `voters` openraft nodes over the gRPC transport, `clients` clients on the leader.
+/// `voters` openraft nodes of `timing` over the gRPC transport, `clients` clients on the
+/// leader.
 ///
 /// # Errors
 /// The cluster does not start or stop.
@@ -94,9 +95,10 @@ pub async fn run_raft(
     voters: u64,
     clients: usize,
     duration: Duration,
+    timing: &ClusterTiming,
 ) -> Result<RunResult, BenchError> {
     let load0 = loadavg();
-    let cluster = Cluster::start(root, voters, ClusterTiming::default()).await?;
+    let cluster = Cluster::start(root, voters, timing.clone()).await?;
     let leader_id = cluster.agreed_leader(None).await?;
     let leader = cluster
         .node(leader_id)
