@@ -53,9 +53,35 @@ pub(crate) struct Inner {
     shutdown: Arc<AtomicBool>,
     report: RecoveryReport,
     _lock: std::fs::File,
+    /// Set for a replicated node's engine (`replica.rs`): what it applies from.
+    pub(crate) replica: Option<crate::replica::Replica>,
 }
 
 impl Inner {
+    /// An engine's parts, put together (the single-node open and the replica's).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn assemble(
+        shared: Arc<Shared>,
+        tx: Mailbox,
+        writer: JoinHandle<()>,
+        background: Vec<JoinHandle<()>>,
+        shutdown: Arc<AtomicBool>,
+        report: RecoveryReport,
+        lock: std::fs::File,
+        replica: Option<crate::replica::Replica>,
+    ) -> Self {
+        Self {
+            shared,
+            tx: RwLock::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
+            background: Mutex::new(background),
+            shutdown,
+            report,
+            _lock: lock,
+            replica,
+        }
+    }
+
     /// Stops the background threads, wakes every follower (they end with `Closed`), then
     /// stops the writer (which drains its queue, syncs, and writes the clean-close mark), and
     /// joins them all. Idempotent.
@@ -101,7 +127,7 @@ impl Drop for Inner {
     }
 }
 
-fn validate_config(c: &Config) -> Result<()> {
+pub(crate) fn validate_config(c: &Config) -> Result<()> {
     if c.segment_bytes_max < SEGMENT_BYTES_MIN {
         return Err(Error::invalid(
             "segment_bytes_max",
@@ -198,15 +224,9 @@ impl Engine {
             spawn_index_flusher(Arc::clone(&shared), Arc::clone(&shutdown))?,
         ];
         Ok(Self {
-            inner: Arc::new(Inner {
-                shared,
-                tx: RwLock::new(Some(tx)),
-                writer: Mutex::new(Some(writer)),
-                background: Mutex::new(background),
-                shutdown,
-                report,
-                _lock: rec.lock,
-            }),
+            inner: Arc::new(Inner::assemble(
+                shared, tx, writer, background, shutdown, report, rec.lock, None,
+            )),
         })
     }
 

@@ -33,7 +33,7 @@ use crate::record::{encode_frame, Record};
 
 mod cut;
 mod proposal;
-mod read;
+pub(crate) mod read;
 
 use cut::Purged;
 
@@ -223,6 +223,26 @@ impl EntryLog {
             last_purged: inner.purged.map(|p| p.id),
             last,
         }
+    }
+
+    /// The committed entries in `from..to`, frame by frame with LSNs and positions: what a
+    /// replica's engine applies (`replica.rs`).
+    pub(crate) fn read_placed(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(EntryId, Vec<read::PlacedFrame>)>> {
+        self.lock().read_placed(from, to)
+    }
+
+    /// The segments, shared with a replica's engine so its reads see what this log writes.
+    pub(crate) fn segments(&self) -> Arc<Log> {
+        Arc::clone(&self.lock().log)
+    }
+
+    /// The data directory.
+    pub(crate) fn dir(&self) -> PathBuf {
+        self.lock().dir.clone()
     }
 
     /// The LSN the next record gets: a function of the entries the log holds and of where it

@@ -218,6 +218,10 @@ pub enum Error {
         /// The lowest retained seq.
         watermark: u64,
     },
+    /// This engine is a replica's: it applies what the cluster committed and takes no
+    /// writes of its own. Send the write to the leader.
+    #[error("this node is not the leader: send writes to the leader")]
+    NotLeader,
     /// Free space on the data directory's file system is below the configured reserve:
     /// appends are refused (reads, verdicts and retention go on) until space returns.
     #[error("free disk space is {free_bytes} bytes, below the reserve of {reserve_bytes} bytes; appends resume once retention or an operator frees space")]

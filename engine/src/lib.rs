@@ -53,6 +53,7 @@ mod mailbox;
 mod read;
 mod record;
 mod recovery;
+mod replica;
 mod retention;
 mod shared;
 mod state;
@@ -83,6 +84,7 @@ pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
 pub use read::Follower;
 pub use recovery::RecoveryReport;
+pub use replica::Applied;
 pub use state::{SessionMeta, StreamMeta, StreamState};
 pub use verdict::{Facts, Resolution, Verdict};
 pub use verify::{

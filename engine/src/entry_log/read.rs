@@ -7,7 +7,7 @@ use super::{EntryId, EntryPayload, Inner, LogEntry, Proposal};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::log::frames::{walk, ReadAhead, Step, Windowed};
-use crate::log::Segment;
+use crate::log::{Position, Segment};
 use crate::record::check_frame;
 
 impl Inner {
@@ -49,6 +49,33 @@ impl Inner {
                 current = Some(segment.base_lsn());
             }
             out.push(read_entry(&segment, &mut ahead, offset, index)?);
+        }
+        Ok(out)
+    }
+
+    /// The entries with indexes in `from..to` that the log holds, frame by frame with
+    /// their LSNs and positions (what applying them to the index needs).
+    pub(super) fn read_placed(
+        &mut self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(EntryId, Vec<PlacedFrame>)>> {
+        let first = self
+            .purged
+            .map_or(1, |p| p.id.index + 1)
+            .max(self.offsets.keys().next().copied().unwrap_or(1));
+        let mut out = Vec::new();
+        let mut ahead = ReadAhead::default();
+        let mut current: Option<u64> = None;
+        for index in from.max(first)..to.min(self.writer.next().entry) {
+            let Some((segment, offset)) = self.locate(index)? else {
+                return Err(self.hole(index));
+            };
+            if current != Some(segment.base_lsn()) {
+                ahead = ReadAhead::default();
+                current = Some(segment.base_lsn());
+            }
+            out.push(read_frames(&segment, &mut ahead, offset, index)?);
         }
         Ok(out)
     }
@@ -115,13 +142,24 @@ pub(super) fn frame_header(
 }
 
 /// Reads the entry whose first frame is at `offset`.
-pub(super) fn read_entry(
+/// One stored frame of an entry: its LSN, where it is, its record type and body.
+#[derive(Debug)]
+pub(crate) struct PlacedFrame {
+    pub lsn: u64,
+    pub position: Position,
+    pub tag: u8,
+    pub body: Vec<u8>,
+}
+
+/// Reads the frames of the entry whose first frame is at `offset`, checking that each
+/// carries the entry's index and one term.
+fn read_frames(
     seg: &Segment,
     ahead: &mut ReadAhead,
     mut offset: u64,
     index: u64,
-) -> Result<LogEntry> {
-    let mut records = Vec::new();
+) -> Result<(EntryId, Vec<PlacedFrame>)> {
+    let mut frames = Vec::new();
     let mut term = None;
     loop {
         let header = frame_header(seg, ahead, offset)?;
@@ -139,7 +177,16 @@ pub(super) fn read_entry(
         let body = bytes
             .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.body_len as usize)
             .unwrap_or_default();
-        records.push((header.record_type, body.to_vec()));
+        frames.push(PlacedFrame {
+            lsn: header.lsn,
+            position: Position {
+                segment: seg.base_lsn(),
+                offset,
+                len: u32::try_from(header.frame_len()).unwrap_or(u32::MAX),
+            },
+            tag: header.record_type,
+            body: body.to_vec(),
+        });
         offset += header.frame_len();
         if header.group_left == 0 {
             break;
@@ -149,6 +196,18 @@ pub(super) fn read_entry(
         term: term.unwrap_or(0),
         index,
     };
+    Ok((id, frames))
+}
+
+/// Reads the entry whose first frame is at `offset`.
+pub(super) fn read_entry(
+    seg: &Segment,
+    ahead: &mut ReadAhead,
+    offset: u64,
+    index: u64,
+) -> Result<LogEntry> {
+    let (id, frames) = read_frames(seg, ahead, offset, index)?;
+    let records: Vec<(u8, Vec<u8>)> = frames.into_iter().map(|f| (f.tag, f.body)).collect();
     let payload = match records.as_slice() {
         [(crate::record::tag::BLANK, _)] => EntryPayload::Blank,
         [(crate::record::tag::MEMBERSHIP, config)] => EntryPayload::Membership(config.clone()),
