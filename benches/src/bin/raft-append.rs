@@ -63,6 +63,10 @@ struct Cli {
     /// timing and with the fast one.
     #[arg(long)]
     failover: Option<usize>,
+    /// Diagnostic: do not pass openraft's `save_committed` to the segment log (it replaces the
+    /// `COMMITTED` file on every commit), to measure what that costs.
+    #[arg(long)]
+    skip_save_committed: bool,
     /// Run the throughput configurations with the fast timing (default: `ClusterTiming`'s).
     #[arg(long)]
     fast: bool,
@@ -78,6 +82,10 @@ struct Cli {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     cluster::SERVER_NODELAY.store(!cli.server_nagle, std::sync::atomic::Ordering::Relaxed);
+    store::SKIP_SAVE_COMMITTED.store(
+        cli.skip_save_committed,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let root = cursorlog_benches::bench_root();
     println!(
         "raft-append: data under {} ({}), {} cores, server TCP_NODELAY {}, load {:.2}",
@@ -133,7 +141,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         ClusterTiming::default()
     };
-    println!("raft timing: {timing:?}");
+    println!(
+        "raft timing: {timing:?}{}",
+        if cli.skip_save_committed {
+            ", save_committed SKIPPED (diagnostic)"
+        } else {
+            ""
+        }
+    );
     // (clients, config) → one result per round.
     let mut results: BTreeMap<(usize, String), Vec<RunResult>> = BTreeMap::new();
     for round in 1..=cli.rounds {
