@@ -26,8 +26,7 @@ pub(crate) fn write(fs: &dyn FileSystem, dir: &Path, name: &str, body: &[u8]) ->
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(format!("removing {}", tmp.display()))(e)),
     }
-    let mut bytes = body.to_vec();
-    bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    let bytes = framed(body);
     let file = fs
         .create_new(&tmp)
         .map_err(Error::io(format!("creating {}", tmp.display())))?;
@@ -43,38 +42,12 @@ pub(crate) fn write(fs: &dyn FileSystem, dir: &Path, name: &str, body: &[u8]) ->
     sync_dir(fs, dir)
 }
 
-/// [`write`] without the fsyncs: the file is replaced whole (a rename), but a crash may
-/// leave the old content or none. For values whose loss costs only work (the committed
-/// index: entries are applied again).
-///
-/// # Errors
-/// I/O failures.
-pub(crate) fn write_relaxed(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    name: &str,
-    body: &[u8],
-) -> Result<()> {
-    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let path = dir.join(name);
-    match fs.remove(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(format!("removing {}", tmp.display()))(e)),
-    }
+/// `body` followed by its CRC-32: the bytes [`write`] puts in a file and [`read`] checks,
+/// for a caller that rewrites a fixed-size file in place (a torn rewrite reads as damaged).
+pub(crate) fn framed(body: &[u8]) -> Vec<u8> {
     let mut bytes = body.to_vec();
     bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-    let file = fs
-        .create_new(&tmp)
-        .map_err(Error::io(format!("creating {}", tmp.display())))?;
-    file.write_all_at(&bytes, 0)
-        .map_err(Error::io(format!("writing {}", tmp.display())))?;
-    drop(file);
-    fs.rename(&tmp, &path).map_err(Error::io(format!(
-        "renaming {} to {}",
-        tmp.display(),
-        path.display()
-    )))
+    bytes
 }
 
 /// What `dir/name` holds, if it exists.
