@@ -36,7 +36,9 @@ use run::{failover, loadavg, run_raft, run_single, RunResult};
 
 /// Replication's cost at the storage and consensus layer.
 #[derive(Debug, Parser)]
-#[command(about)]
+#[command(
+    about = "What replication costs at the storage and consensus layer: 3-voter vs 1-voter openraft on the segment log vs a single EntryLog group commit, interleaved; or leader failover times (--failover)"
+)]
 struct Cli {
     /// Seconds per measurement.
     #[arg(long, env = "DURATION", default_value_t = 5.0)]
