@@ -265,57 +265,9 @@ impl EntryLog {
     pub fn append(&self, entries: &[LogEntry]) -> Result<()> {
         let mut inner = self.lock();
         inner.check_usable()?;
-        let r = inner.append(entries, true);
+        let r = inner.append(entries);
         inner.poison_on_io(&r);
         r
-    }
-
-    /// [`EntryLog::append`] without the sync: the entries are readable on return and
-    /// durable once a later [`EntryLog::sync`] returns. A replicated log's leader sends
-    /// entries to its followers while its own `fdatasync` runs (openraft's flushed callback
-    /// is what waits for [`EntryLog::sync`]).
-    ///
-    /// # Errors
-    /// As [`EntryLog::append`].
-    pub fn write(&self, entries: &[LogEntry]) -> Result<()> {
-        let mut inner = self.lock();
-        inner.check_usable()?;
-        let r = inner.append(entries, false);
-        inner.poison_on_io(&r);
-        r
-    }
-
-    /// Makes every entry written so far durable (one `fdatasync`, or none if nothing is
-    /// unsynced). The sync runs outside the log's lock: reads and writes go on meanwhile.
-    ///
-    /// # Errors
-    /// An I/O failure (the log then refuses further writes: what reached the disk is
-    /// unknown).
-    pub fn sync(&self) -> Result<()> {
-        let (segment, len) = {
-            let inner = self.lock();
-            inner.check_usable()?;
-            if !inner.writer.has_unsynced() {
-                return Ok(());
-            }
-            let active = Arc::clone(inner.writer.active());
-            let len = active.len();
-            (active, len)
-        };
-        let synced = segment.sync_data();
-        let mut inner = self.lock();
-        match synced {
-            Ok(()) => {
-                inner.writer.mark_synced(&segment, len);
-                Ok(())
-            }
-            // Sealed meanwhile by a roll to a new segment: sealing synced it.
-            Err(_) if segment.is_sealed() => Ok(()),
-            Err(e) => {
-                inner.poisoned = Some(e.to_string());
-                Err(e)
-            }
-        }
     }
 
     /// The entries with indexes in `from..to` that the log holds (fewer at either end if it
@@ -454,7 +406,7 @@ impl Inner {
         }
     }
 
-    fn append(&mut self, entries: &[LogEntry], sync: bool) -> Result<()> {
+    fn append(&mut self, entries: &[LogEntry]) -> Result<()> {
         // A log that never held an entry starts wherever its first entry is (Raft allows
         // it): once the batch is checked, the empty active segment is replaced by one that
         // starts there.
@@ -512,7 +464,7 @@ impl Inner {
             self.writer.advance_in_term(records.len(), e.id.term);
             placed.push(offset);
         }
-        self.flush(&buf, start, sync)?;
+        self.flush(&buf, start)?;
         if let Some(active) = self.offsets.values_mut().next_back() {
             if let Some(o) = active.offsets.as_mut() {
                 o.extend(placed);
@@ -535,7 +487,7 @@ impl Inner {
     }
 
     /// Writes and syncs `buf` (frames from `start` on); on failure rewinds to `start`.
-    fn flush(&mut self, buf: &[u8], start: LogPoint, sync: bool) -> Result<()> {
+    fn flush(&mut self, buf: &[u8], start: LogPoint) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -543,9 +495,6 @@ impl Inner {
             let e = self.write_failed(w);
             self.writer.rewind(start);
             return Err(e);
-        }
-        if !sync {
-            return Ok(());
         }
         self.writer
             .sync()

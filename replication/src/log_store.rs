@@ -8,10 +8,8 @@
 //! - `Blank` and `Membership` entries are one record each (tags 14 and 15, FORMAT.md), the
 //!   membership encoded with this crate's [`codec`]; a `Normal` entry's
 //!   [`Proposal`] bytes are the engine's proposal encoding, checked before they are written;
-//! - `append` writes the entries (readable when it returns, so the leader replicates them at
-//!   once) and hands openraft's flushed callback to the store's flusher thread, which runs
-//!   one `fdatasync` for every callback queued meanwhile and only then calls them, in order
-//!   (group commit; the leader's sync overlaps its followers' instead of preceding it);
+//! - `append` writes and `fdatasync`s before it calls openraft's flushed callback, on a
+//!   blocking thread (the engine's I/O is synchronous);
 //! - `truncate_after` cuts only an uncommitted suffix (the engine refuses to cut a sealed
 //!   segment or a committed entry); `purge` deletes whole sealed segments;
 //! - the vote is saved durably (temp file, fsync, rename, directory fsync) before
@@ -34,22 +32,12 @@ use crate::types::{Entry, LogId, Proposal, TypeConfig, Vote};
 #[derive(Debug, Clone)]
 pub struct SegmentLogStore {
     log: EntryLog,
-    flusher: std::sync::mpsc::Sender<IOFlushed<TypeConfig>>,
 }
 
 impl SegmentLogStore {
-    /// A store over `log` (opened by the caller, who chose its directory). Starts the
-    /// store's flusher thread, which ends when the last clone of the store is dropped.
-    ///
-    /// # Errors
-    /// The operating system refused the flusher's thread.
-    pub fn new(log: EntryLog) -> io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<IOFlushed<TypeConfig>>();
-        let synced = log.clone();
-        std::thread::Builder::new()
-            .name("cursorlog-raft-flush".into())
-            .spawn(move || flush_loop(&synced, &rx))?;
-        Ok(Self { log, flusher: tx })
+    /// A store over `log` (opened by the caller, who chose its directory).
+    pub fn new(log: EntryLog) -> Self {
+        Self { log }
     }
 
     /// The engine's log underneath.
@@ -67,27 +55,6 @@ impl SegmentLogStore {
             .await
             .map_err(io::Error::other)?
             .map_err(io::Error::other)
-    }
-}
-
-/// Syncs the log once for every batch of flushed callbacks queued, then calls them in the
-/// order their appends ran: each is called only after the entries of its append are on disk.
-fn flush_loop(log: &EntryLog, rx: &std::sync::mpsc::Receiver<IOFlushed<TypeConfig>>) {
-    while let Ok(first) = rx.recv() {
-        let mut waiting = vec![first];
-        waiting.extend(rx.try_iter());
-        match log.sync() {
-            Ok(()) => {
-                for callback in waiting {
-                    callback.io_completed(Ok(()));
-                }
-            }
-            Err(e) => {
-                for callback in waiting {
-                    callback.io_completed(Err(io::Error::other(e.to_string())));
-                }
-            }
-        }
     }
 }
 
@@ -214,20 +181,11 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
                 return Err(e);
             }
         };
-        // Written when `append` returns (readable now); durable when the flusher's sync
-        // returns, which is when it calls `callback`.
-        match self.blocking(move |log| log.write(&entries)).await {
+        // Written and fdatasynced when `append` returns: readable now, durable now.
+        let r = self.blocking(move |log| log.append(&entries)).await;
+        match r {
             Ok(()) => {
-                if let Err(unsent) = self.flusher.send(callback) {
-                    // The flusher is gone (only if its thread died): sync here instead.
-                    let r = self.blocking(|log| log.sync()).await;
-                    let answer = r
-                        .as_ref()
-                        .map(|_| ())
-                        .map_err(|e| io::Error::new(e.kind(), e.to_string()));
-                    unsent.0.io_completed(answer);
-                    return r;
-                }
+                callback.io_completed(Ok(()));
                 Ok(())
             }
             Err(e) => {

@@ -30,8 +30,7 @@ impl StoreBuilder<TypeConfig, SegmentLogStore, MemStateMachine, tempfile::TempDi
         // Small segments, so the suite's logs span several of them.
         config.segment_bytes_max = 4096;
         let log = EntryLog::open(config).expect("open the entry log");
-        let store = SegmentLogStore::new(log).expect("the flusher thread");
-        Ok((dir, store, MemStateMachine::default()))
+        Ok((dir, SegmentLogStore::new(log), MemStateMachine::default()))
     }
 }
 

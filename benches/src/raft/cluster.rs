@@ -80,7 +80,7 @@ impl Node {
         let addr = listener.local_addr()?.to_string();
         let log = EntryLog::open(EntryLogConfig::new(dir))?;
         let counts = Arc::new(AppendCounts::default());
-        let store = CountingStore::new(SegmentLogStore::new(log)?, counts.clone());
+        let store = CountingStore::new(SegmentLogStore::new(log), counts.clone());
         let config = timing.config("raft-append").map_err(raft_err)?;
         let raft = Raft::new(
             id,

@@ -479,14 +479,6 @@ impl LogWriter {
         }
     }
 
-    /// Records that `seg` was synced (outside the writer's lock) up to `len` bytes: if it is
-    /// still the active segment, frames written from now on claim those bytes durable.
-    pub(crate) fn mark_synced(&mut self, seg: &Arc<Segment>, len: u64) {
-        if Arc::ptr_eq(seg, &self.active) {
-            self.synced_through = self.synced_through.max(len);
-        }
-    }
-
     /// `fdatasync` of the active segment.
     ///
     /// # Errors

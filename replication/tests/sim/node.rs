@@ -242,7 +242,7 @@ impl Node {
         let log = self.open_log().await?;
         let store = SimStore {
             node: self.id,
-            inner: SegmentLogStore::new(log.clone()).expect("the flusher thread"),
+            inner: SegmentLogStore::new(log.clone()),
             fs: self.fs.clone(),
             dir: self.dir.path().to_path_buf(),
             errors: errors.clone(),
