@@ -29,6 +29,9 @@ use crate::state::{SessionMeta, StreamMeta, StreamState};
 use crate::writer::Writer;
 
 mod query;
+mod replica;
+
+pub use replica::Applied;
 mod write;
 mod write_async;
 
@@ -54,7 +57,7 @@ pub(crate) struct Inner {
     report: RecoveryReport,
     _lock: std::fs::File,
     /// Set for a replicated node's engine (`replica.rs`): what it applies from.
-    pub(crate) replica: Option<crate::replica::Replica>,
+    pub(crate) replica: Option<replica::Replica>,
 }
 
 impl Inner {
@@ -68,7 +71,7 @@ impl Inner {
         shutdown: Arc<AtomicBool>,
         report: RecoveryReport,
         lock: std::fs::File,
-        replica: Option<crate::replica::Replica>,
+        replica: Option<replica::Replica>,
     ) -> Self {
         Self {
             shared,

@@ -53,7 +53,6 @@ mod mailbox;
 mod read;
 mod record;
 mod recovery;
-mod replica;
 mod retention;
 mod shared;
 mod state;
@@ -71,6 +70,7 @@ pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
+pub use engine::Applied;
 pub use engine::Engine;
 pub use entry_log::{
     EntryId, EntryLog, EntryLogConfig, EntryLogState, EntryPayload, LogEntry, Proposal,
@@ -84,7 +84,6 @@ pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
 pub use read::Follower;
 pub use recovery::RecoveryReport;
-pub use replica::Applied;
 pub use state::{SessionMeta, StreamMeta, StreamState};
 pub use verdict::{Facts, Resolution, Verdict};
 pub use verify::{

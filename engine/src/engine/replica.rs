@@ -19,11 +19,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::{Engine, Inner};
 use crate::activity::SessionActivity;
 use crate::admission::Admission;
 use crate::background::spawn_index_flusher;
 use crate::config::Config;
-use crate::engine::{Engine, Inner};
 use crate::entry_log::read::PlacedFrame;
 use crate::entry_log::{EntryId, EntryLog};
 use crate::error::{Error, Result};
