@@ -7,8 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
-use crate::activity::SessionActivity;
-use crate::admission::Admission;
 use crate::api::Stats;
 use crate::background::{
     check_disk, expire_idle_sessions, expire_leases, run_retention, spawn_index_flusher,
@@ -16,15 +14,13 @@ use crate::background::{
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::followers::Followers;
 use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
 use crate::index::{prefix, KvRead};
-use crate::leases::Leases;
 use crate::lost::LostWrites;
 use crate::mailbox::{send, wait, Command, Mailbox, Reply};
 use crate::recovery::{recover, RecoveryReport};
-use crate::shared::{Counters, Shared};
+use crate::shared::Shared;
 use crate::state::{SessionMeta, StreamMeta, StreamState};
 use crate::writer::Writer;
 
@@ -180,24 +176,7 @@ impl Engine {
         validate_config(&config)?;
         let rec = recover(&fs, &config)?;
         let last_lsn = rec.report.last_lsn;
-        let shared = Arc::new(Shared {
-            clock: Arc::clone(&config.clock),
-            admission: Admission::new(config.writer_queue_bytes_max),
-            config,
-            index: rec.index,
-            log: rec.log,
-            poisoned: false.into(),
-            counters: Counters::default(),
-            summaries: crate::log::Summaries::default(),
-            poison_signal: tokio::sync::watch::channel(false).0,
-            followers: Arc::new(Followers::default()),
-            activity: SessionActivity::default(),
-            leases: Leases::default(),
-            low_disk: AtomicBool::new(false),
-            retention_lock: Mutex::new(()),
-            maintenance_lock: Mutex::new(()),
-            crashed: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared::new(config, rec.index, rec.log));
         shared.counters.last_lsn.store(last_lsn, Ordering::Release);
         shared
             .counters

@@ -74,6 +74,29 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// An engine's shared state over `index` and `log`, nothing armed, nothing counted
+    /// yet (the single-node open and a replica's).
+    pub(crate) fn new(config: Config, index: Index, log: Arc<Log>) -> Self {
+        Self {
+            clock: Arc::clone(&config.clock),
+            admission: Admission::new(config.writer_queue_bytes_max),
+            config,
+            index,
+            log,
+            poisoned: false.into(),
+            counters: Counters::default(),
+            summaries: Summaries::default(),
+            poison_signal: tokio::sync::watch::channel(false).0,
+            followers: Arc::new(Followers::default()),
+            activity: SessionActivity::default(),
+            leases: Leases::default(),
+            low_disk: AtomicBool::new(false),
+            retention_lock: std::sync::Mutex::new(()),
+            maintenance_lock: std::sync::Mutex::new(()),
+            crashed: AtomicBool::new(false),
+        }
+    }
+
     /// Refuses every later write until the engine is reopened (recovery repairs what a
     /// failed write or fsync left), and says so: the log, the poison signal.
     pub(crate) fn poison(&self, e: &Error) {

@@ -20,19 +20,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Engine, Inner};
-use crate::activity::SessionActivity;
-use crate::admission::Admission;
 use crate::background::spawn_index_flusher;
 use crate::config::Config;
 use crate::entry_log::read::PlacedFrame;
 use crate::entry_log::{EntryId, EntryLog};
 use crate::error::{Error, Result};
-use crate::followers::Followers;
 use crate::index::{Index, Txn};
 use crate::mailbox::{Inbox, Request};
 use crate::record::Record;
 use crate::recovery::RecoveryReport;
-use crate::shared::{Counters, Shared};
+use crate::shared::Shared;
 
 /// What [`Engine::apply_committed`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -68,24 +65,7 @@ impl Engine {
         )?;
         // Rebuilt from the log: how far an earlier run applied is not remembered yet.
         index.clear()?;
-        let shared = Arc::new(Shared {
-            clock: Arc::clone(&config.clock),
-            admission: Admission::new(config.writer_queue_bytes_max),
-            config,
-            index,
-            log: log.segments(),
-            poisoned: false.into(),
-            counters: Counters::default(),
-            summaries: crate::log::Summaries::default(),
-            poison_signal: tokio::sync::watch::channel(false).0,
-            followers: Arc::new(Followers::default()),
-            activity: SessionActivity::default(),
-            leases: crate::leases::Leases::default(),
-            low_disk: AtomicBool::new(false),
-            retention_lock: Mutex::new(()),
-            maintenance_lock: Mutex::new(()),
-            crashed: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared::new(config, index, log.segments()));
         let (tx, rx) = std::sync::mpsc::channel();
         let refuser = {
             let shared = Arc::clone(&shared);

@@ -31,6 +31,28 @@ impl Inner {
 
     /// The entries with indexes in `from..to` that the log holds.
     pub(super) fn read(&mut self, from: u64, to: u64) -> Result<Vec<LogEntry>> {
+        self.each_entry(from, to, read_entry)
+    }
+
+    /// The entries with indexes in `from..to` that the log holds, frame by frame with
+    /// their LSNs and positions (what applying them to the index needs).
+    pub(super) fn read_placed(
+        &mut self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(EntryId, Vec<PlacedFrame>)>> {
+        self.each_entry(from, to, read_frames)
+    }
+
+    /// `read_one` over each entry the log holds with an index in `from..to`, given its
+    /// segment, a read-ahead window shared by the entries of one segment, its first frame's
+    /// offset and its index.
+    fn each_entry<T>(
+        &mut self,
+        from: u64,
+        to: u64,
+        read_one: impl Fn(&Segment, &mut ReadAhead, u64, u64) -> Result<T>,
+    ) -> Result<Vec<T>> {
         let first = self
             .purged
             .map_or(1, |p| p.id.index + 1)
@@ -48,34 +70,7 @@ impl Inner {
                 ahead = ReadAhead::default();
                 current = Some(segment.base_lsn());
             }
-            out.push(read_entry(&segment, &mut ahead, offset, index)?);
-        }
-        Ok(out)
-    }
-
-    /// The entries with indexes in `from..to` that the log holds, frame by frame with
-    /// their LSNs and positions (what applying them to the index needs).
-    pub(super) fn read_placed(
-        &mut self,
-        from: u64,
-        to: u64,
-    ) -> Result<Vec<(EntryId, Vec<PlacedFrame>)>> {
-        let first = self
-            .purged
-            .map_or(1, |p| p.id.index + 1)
-            .max(self.offsets.keys().next().copied().unwrap_or(1));
-        let mut out = Vec::new();
-        let mut ahead = ReadAhead::default();
-        let mut current: Option<u64> = None;
-        for index in from.max(first)..to.min(self.writer.next().entry) {
-            let Some((segment, offset)) = self.locate(index)? else {
-                return Err(self.hole(index));
-            };
-            if current != Some(segment.base_lsn()) {
-                ahead = ReadAhead::default();
-                current = Some(segment.base_lsn());
-            }
-            out.push(read_frames(&segment, &mut ahead, offset, index)?);
+            out.push(read_one(&segment, &mut ahead, offset, index)?);
         }
         Ok(out)
     }
