@@ -27,7 +27,7 @@ use crate::writer::Writer;
 mod query;
 mod replica;
 
-pub use replica::Applied;
+pub use replica::{Applied, Progress};
 mod write;
 mod write_async;
 
@@ -185,7 +185,10 @@ impl Engine {
         check_disk(&shared);
         arm_live_state(&shared)?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let writer = Writer::new(Arc::clone(&shared), rec.writer);
+        let writer = Writer::new(
+            Arc::clone(&shared),
+            crate::writer::Sink::Segments(rec.writer),
+        );
         let writer = std::thread::Builder::new()
             .name("cursorlog-writer".into())
             .spawn(move || writer.run(&rx))

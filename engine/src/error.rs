@@ -220,8 +220,17 @@ pub enum Error {
     },
     /// This engine is a replica's: it applies what the cluster committed and takes no
     /// writes of its own. Send the write to the leader.
-    #[error("this node is not the leader: send writes to the leader")]
-    NotLeader,
+    #[error("this node is not the leader{}: send writes to the leader", leader_hint(.leader.as_deref()))]
+    NotLeader {
+        /// The leader's client address (`host:port`), when this node knows it.
+        leader: Option<String>,
+    },
+    /// A replicated write was not confirmed as planned: the cluster refused the entry (the
+    /// state it was planned against changed under a leader change) or its outcome is
+    /// unknown (leadership was lost while it was in flight). Retry it; retries are
+    /// idempotent (`expected_next_seq` on appends, the session name on opens).
+    #[error("the cluster did not confirm this write ({0}); retry it")]
+    NotConfirmed(String),
     /// Free space on the data directory's file system is below the configured reserve:
     /// appends are refused (reads, verdicts and retention go on) until space returns.
     #[error("free disk space is {free_bytes} bytes, below the reserve of {reserve_bytes} bytes; appends resume once retention or an operator frees space")]
@@ -334,4 +343,11 @@ impl Error {
             reason: reason.into(),
         }
     }
+}
+
+/// ` (the leader is at ADDR)` for an error message, or nothing when the leader is unknown.
+fn leader_hint(leader: Option<&str>) -> String {
+    leader
+        .map(|l| format!(" (the leader is at {l})"))
+        .unwrap_or_default()
 }

@@ -50,6 +50,7 @@ mod leases;
 mod log;
 mod lost;
 mod mailbox;
+mod propose;
 mod read;
 mod record;
 mod recovery;
@@ -70,8 +71,8 @@ pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
-pub use engine::Applied;
 pub use engine::Engine;
+pub use engine::{Applied, Progress};
 pub use entry_log::{
     EntryId, EntryLog, EntryLogConfig, EntryLogState, EntryPayload, LogEntry, Proposal,
     ProposalError, ProposedRecord,
@@ -82,6 +83,7 @@ pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};
 #[cfg(feature = "testing")]
 pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
+pub use propose::{Proposed, Proposer};
 pub use read::Follower;
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};

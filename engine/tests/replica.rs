@@ -7,41 +7,20 @@
 
 mod common;
 
-use std::fmt::Write as _;
+use common::history::{describe, history};
+
 use std::path::Path;
 
 use common::*;
 use cursorlog_engine::{
-    Append, Config, Cursor, Engine, EntryId, EntryLog, EntryLogConfig, EntryPayload, Error,
-    LogEntry, NewEvent, Proposal, ProposedRecord, SyncPolicy,
+    Append, Config, Engine, EntryId, EntryLog, EntryLogConfig, EntryPayload, Error, LogEntry,
+    NewEvent, Proposal, ProposedRecord, SyncPolicy,
 };
 
-/// A single node's workload with every kind of record a request writes: sessions with
-/// state, streams with correlations, batches, a completion with a frame, an abort, a trim,
-/// an epoch advance that supersedes, an expiry.
+/// The workload of [`history`] on a single node, closed.
 fn single_node_history(dir: &Path) {
     let e = open(dir, SyncPolicy::Always, 64 * 1024);
-    e.open_session_with_state("alpha", Some(b"init".to_vec()))
-        .unwrap();
-    let (_, a1) = new_stream(&e, "alpha", Some("req-1"));
-    append_range(&e, "alpha", a1, 1, 5);
-    append_range(&e, "alpha", a1, 6, 9);
-    e.complete("alpha", a1, Some(10), event(a1, 10)).unwrap();
-    let (_, a2) = new_stream(&e, "alpha", Some("req-2"));
-    append_range(&e, "alpha", a2, 1, 3);
-    e.trim("alpha", a2, 2).unwrap();
-    let (_, b1) = new_stream(&e, "beta", None);
-    append_range(&e, "beta", b1, 1, 2);
-    e.abort("beta", b1, "tool failed", None).unwrap();
-    let (_, b2) = new_stream(&e, "beta", Some("req-9"));
-    append_range(&e, "beta", b2, 1, 4);
-    e.advance_epoch("beta").unwrap();
-    let (_, b3) = new_stream(&e, "beta", None);
-    append_range(&e, "beta", b3, 1, 1);
-    e.set_session_state("beta", b"later".to_vec()).unwrap();
-    let (_, g1) = new_stream(&e, "gamma", None);
-    append_range(&e, "gamma", g1, 1, 2);
-    e.expire_session("gamma").unwrap();
+    history(&e);
     e.close().unwrap();
 }
 
@@ -68,42 +47,6 @@ fn groups_as_entries(dir: &Path, term: u64) -> Vec<LogEntry> {
         }
     }
     entries
-}
-
-/// Everything the engine serves about its state, as text.
-fn describe(e: &Engine) -> String {
-    let mut out = String::new();
-    let mut sessions = e.sessions().unwrap();
-    sessions.sort_by(|a, b| a.id.cmp(&b.id));
-    for s in &sessions {
-        let view = e.session(&s.id).unwrap().unwrap();
-        writeln!(out, "{s:?} state={:?}", view.state).unwrap();
-    }
-    let mut streams = e.streams().unwrap();
-    streams.sort_by_key(|s| s.id);
-    for s in &streams {
-        writeln!(out, "{s:?}").unwrap();
-        match e.read(&s.session, s.id, s.watermark - 1, 1000) {
-            Ok(batch) => {
-                for ev in &batch.events {
-                    writeln!(out, "  {ev:?}").unwrap();
-                    let cursor = Cursor::new(s.epoch, s.id, ev.seq).to_string();
-                    let r = e.resolve(&s.session, &cursor, Some(s.id)).unwrap();
-                    writeln!(out, "  resolve {cursor}: {:?}", r.verdict).unwrap();
-                }
-            }
-            Err(err) => writeln!(out, "  read: {err}").unwrap(),
-        }
-        if let Some(c) = &s.correlation {
-            writeln!(
-                out,
-                "  outcome {c}: {:?}",
-                e.outcome(&s.session, c).unwrap()
-            )
-            .unwrap();
-        }
-    }
-    out
 }
 
 fn replica_config(dir: &Path) -> Config {
@@ -230,7 +173,10 @@ fn followers_wake_on_apply_and_writes_are_refused() {
     applier.join().unwrap();
     assert!(!follower.poll(100).unwrap().unwrap_or_default().is_empty());
     // A replica takes no writes of its own.
-    assert!(matches!(replica.open_session("new"), Err(Error::NotLeader)));
+    assert!(matches!(
+        replica.open_session("new"),
+        Err(Error::NotLeader { .. })
+    ));
     assert!(matches!(
         replica.append(Append {
             session: stream.session.clone(),
@@ -238,6 +184,6 @@ fn followers_wake_on_apply_and_writes_are_refused() {
             expected_next_seq: None,
             events: vec![NewEvent::new("k", b"x".to_vec())],
         }),
-        Err(Error::NotLeader)
+        Err(Error::NotLeader { .. })
     ));
 }

@@ -61,7 +61,9 @@ fn code_and_message(err: &Error) -> (Code, String) {
             Code::DataLoss,
             format!("stored data failed its check at segment offset {offset}: {kind}"),
         ),
-        Error::Poisoned | Error::NotLeader => (Code::Unavailable, err.to_string()),
+        Error::Poisoned | Error::NotLeader { .. } | Error::NotConfirmed(_) => {
+            (Code::Unavailable, err.to_string())
+        }
         Error::Io { .. } => (
             Code::Unavailable,
             "storage i/o failure; the server log has the details".into(),
@@ -189,7 +191,8 @@ mod tests {
                 Code::DataLoss,
             ),
             (Error::Poisoned, Code::Unavailable),
-            (Error::NotLeader, Code::Unavailable),
+            (Error::NotLeader { leader: None }, Code::Unavailable),
+            (Error::NotConfirmed("lost".into()), Code::Unavailable),
             (
                 Error::Io {
                     context: format!("writing {}", secret_path().display()),

@@ -27,9 +27,11 @@ use crate::entry_log::{EntryId, EntryLog};
 use crate::error::{Error, Result};
 use crate::index::{Index, Txn};
 use crate::mailbox::{Inbox, Request};
+use crate::propose::Proposer;
 use crate::record::Record;
 use crate::recovery::RecoveryReport;
 use crate::shared::Shared;
+use crate::writer::{Proposals, Sink, Writer};
 
 /// What [`Engine::apply_committed`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,8 +48,18 @@ pub struct Applied {
 #[derive(Debug)]
 pub(crate) struct Replica {
     log: EntryLog,
+    /// How far apply got.
+    applied: Mutex<Progress>,
+}
+
+/// How far a replica's apply got: what openraft's state machine reports as its applied
+/// state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
     /// The last entry applied or refused.
-    applied: Mutex<u64>,
+    pub last: Option<EntryId>,
+    /// The last membership entry applied, with its configuration (opaque to the engine).
+    pub membership: Option<(EntryId, Vec<u8>)>,
 }
 
 impl Engine {
@@ -57,6 +69,29 @@ impl Engine {
     /// # Errors
     /// Corruption of a stored entry; index and I/O failures; an invalid `config`.
     pub fn open_replica(config: Config, log: &EntryLog) -> Result<Self> {
+        Self::open_over(config, log, None)
+    }
+
+    /// Opens the engine of a replicated node over `log` whose writes go to `proposer`: the
+    /// writer plans each batch as a single node does (same checks, same errors), proposes
+    /// one entry per planned group, and answers once the entries applied here (see
+    /// [`Proposer`]). Reads and [`Engine::apply_committed`] are as [`Engine::open_replica`]'s.
+    ///
+    /// # Errors
+    /// As [`Engine::open_replica`].
+    pub fn open_replicated(
+        config: Config,
+        log: &EntryLog,
+        proposer: Arc<dyn Proposer>,
+    ) -> Result<Self> {
+        Self::open_over(config, log, Some(proposer))
+    }
+
+    fn open_over(
+        config: Config,
+        log: &EntryLog,
+        proposer: Option<Arc<dyn Proposer>>,
+    ) -> Result<Self> {
         crate::engine::validate_config(&config)?;
         let dir = log.dir();
         let index = Index::open(
@@ -67,12 +102,18 @@ impl Engine {
         index.clear()?;
         let shared = Arc::new(Shared::new(config, index, log.segments()));
         let (tx, rx) = std::sync::mpsc::channel();
-        let refuser = {
+        let writer = {
             let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("cursorlog-replica".into())
-                .spawn(move || refuse_writes(&shared, &rx))
-                .map_err(Error::io("starting the replica thread"))?
+            let thread = std::thread::Builder::new().name("cursorlog-writer".into());
+            match proposer {
+                Some(proposer) => {
+                    let sink = Sink::Proposals(Proposals::new(proposer, log.clone()));
+                    let writer = Writer::new(shared, sink);
+                    thread.spawn(move || writer.run(&rx))
+                }
+                None => thread.spawn(move || refuse_writes(&shared, &rx)),
+            }
+            .map_err(Error::io("starting the writer thread"))?
         };
         let shutdown = Arc::new(AtomicBool::new(false));
         let background = vec![spawn_index_flusher(
@@ -89,14 +130,14 @@ impl Engine {
             inner: Arc::new(Inner::assemble(
                 shared,
                 tx,
-                refuser,
+                writer,
                 background,
                 shutdown,
                 RecoveryReport::default(),
                 lock_file,
                 Some(Replica {
                     log: log.clone(),
-                    applied: Mutex::new(0),
+                    applied: Mutex::new(Progress::default()),
                 }),
             )),
         };
@@ -123,11 +164,17 @@ impl Engine {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut out = Applied::default();
-        if through <= *applied {
+        let done = applied.last.map_or(0, |id| id.index);
+        if through <= done {
             return Ok(out);
         }
-        let entries = replica.log.read_placed(*applied + 1, through + 1)?;
+        let entries = replica.log.read_placed(done + 1, through + 1)?;
         for (id, frames) in entries {
+            if let [only] = frames.as_slice() {
+                if only.tag == crate::record::tag::MEMBERSHIP {
+                    applied.membership = Some((id, only.body.to_vec()));
+                }
+            }
             match apply_entry(shared, &frames) {
                 Ok(Ok(touched)) => {
                     out.entries += 1;
@@ -145,10 +192,24 @@ impl Engine {
             if let Some(last) = frames.last() {
                 shared.counters.last_lsn.store(last.lsn, Ordering::Release);
             }
-            *applied = id.index;
+            applied.last = Some(id);
             out.through = Some(id);
         }
         Ok(out)
+    }
+}
+
+impl Engine {
+    /// How far this replica applied (`None` for a single node's engine).
+    pub fn applied(&self) -> Option<Progress> {
+        let replica = self.inner.replica.as_ref()?;
+        Some(
+            replica
+                .applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        )
     }
 }
 
@@ -193,7 +254,7 @@ fn apply_entry(
 /// The replica's mailbox: every write is refused (the leader takes writes).
 fn refuse_writes(shared: &Shared, rx: &Inbox) {
     while let Ok(Request { reply, bytes, .. }) = rx.recv() {
-        reply.send(Err(Error::NotLeader));
+        reply.send(Err(Error::NotLeader { leader: None }));
         shared.admission.give_back(bytes);
     }
 }

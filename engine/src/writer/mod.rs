@@ -10,7 +10,7 @@ use crate::apply::apply;
 use crate::config::SyncPolicy;
 use crate::error::{Error, Result};
 use crate::index::{StreamCache, Txn};
-use crate::log::{LogWriter, Position, WriteError};
+use crate::log::{Position, WriteError};
 use crate::mailbox::{Command, Inbox, Reply, ReplyTo, Request};
 use crate::record::{encode_frame, Record};
 use crate::shared::Shared;
@@ -18,6 +18,10 @@ use crate::shared::Shared;
 mod carry;
 mod gather;
 mod plan;
+mod propose;
+mod sink;
+
+pub(crate) use sink::{Proposals, Sink};
 
 use gather::{Gather, Producers};
 
@@ -57,7 +61,7 @@ enum Effect {
 /// The writer thread's own state.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    log: LogWriter,
+    log: Sink,
     last_sync: Instant,
     /// The streams as the committed index holds them, decoded (see `Txn::with_streams`).
     streams: StreamCache,
@@ -93,7 +97,7 @@ pub(crate) struct Writer {
 const KEPT_BUFFER_BYTES_MAX: usize = 4 << 20;
 
 impl Writer {
-    pub(crate) fn new(shared: Arc<Shared>, log: LogWriter) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, log: Sink) -> Self {
         Self {
             shared,
             log,
@@ -270,6 +274,9 @@ impl Writer {
     fn commit(&mut self, batch: Vec<Request>) {
         if self.shared.poisoned.load(Ordering::Acquire) {
             return self.fail_all(batch, || Error::Poisoned);
+        }
+        if matches!(self.log, Sink::Proposals(_)) {
+            return self.propose(batch);
         }
         match self
             .log
@@ -509,8 +516,8 @@ impl Writer {
         // Frames go straight into the group's buffer; on an encoding failure (a bug guard:
         // limits are checked before planning) the request's partial frames are cut off again.
         let start = buf.len();
-        let segment = self.log.active().base_lsn();
-        let base_offset = self.log.active().len() + start as u64;
+        let (segment, origin) = self.log.frame_origin();
+        let base_offset = origin + start as u64;
         let first_lsn = self.log.next_lsn();
         let count = records.len();
         let mut positions = Vec::with_capacity(count);
@@ -564,7 +571,11 @@ impl Writer {
                 _ => {}
             }
         }
-        self.log.advance(count);
+        if let Err(e) = self.log.advance(count, &buf[start..]) {
+            buf.truncate(start);
+            self.overlay_broken = true;
+            return Err(e);
+        }
         Ok(())
     }
 }

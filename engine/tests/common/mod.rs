@@ -4,6 +4,8 @@
 //! scanner cannot hide a bug in what it wrote).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod history;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,0 +1,203 @@
+//! Where the writer's planned groups go: a single node's segment log ([`LogWriter`]), or, on
+//! a replicated node's leader, a batch of proposals for consensus ([`Proposals`]).
+//!
+//! The planner (`plan.rs`) is the same for both: it asks the sink for the LSN its next
+//! record gets (a stream id is the LSN of its `StreamOpened`) and where a frame will lie. A
+//! proposing sink *predicts* LSNs: the log's next LSN when the batch starts, plus the
+//! records planned since. The apply rules check the prediction on every replica
+//! (`StreamIdNotLsn`), so a wrong one refuses the entry, never corrupts state.
+
+use std::sync::Arc;
+
+use crate::entry_log::{EntryLog, Proposal};
+use crate::error::{Error, Result};
+use crate::log::{LogPoint, LogWriter, WriteError};
+use crate::propose::Proposer;
+use crate::record::FrameStamp;
+
+/// A leader's batch of planned groups, not yet proposed.
+#[derive(Debug)]
+pub(crate) struct Proposals {
+    pub(crate) proposer: Arc<dyn Proposer>,
+    log: EntryLog,
+    /// The LSN the next planned record is predicted to get.
+    next_lsn: u64,
+    /// The groups planned in this batch, as proposals.
+    groups: Vec<Proposal>,
+}
+
+impl Proposals {
+    pub(crate) fn new(proposer: Arc<dyn Proposer>, log: EntryLog) -> Self {
+        let next_lsn = log.next_lsn();
+        Self {
+            proposer,
+            log,
+            next_lsn,
+            groups: Vec::new(),
+        }
+    }
+
+    /// Starts a batch: everything proposed before is settled, so the log's next LSN is
+    /// where this batch's first record lands (unless an entry of openraft's own, a blank or
+    /// a membership change, slips in first: then the apply rules refuse what depended on it).
+    pub(crate) fn start_batch(&mut self) {
+        self.groups.clear();
+        self.next_lsn = self.log.next_lsn();
+    }
+
+    /// The groups planned so far in this batch, taken.
+    pub(crate) fn take(&mut self) -> Vec<Proposal> {
+        std::mem::take(&mut self.groups)
+    }
+
+    /// How many groups this batch planned so far.
+    pub(crate) fn len(&self) -> usize {
+        self.groups.len()
+    }
+}
+
+/// The writer's destination.
+#[derive(Debug)]
+pub(crate) enum Sink {
+    /// A single node: groups are written and synced here.
+    Segments(LogWriter),
+    /// A replicated node's leader: groups are proposed.
+    Proposals(Proposals),
+}
+
+impl Sink {
+    /// The LSN the next record gets (predicted, when proposing).
+    pub(crate) fn next_lsn(&self) -> u64 {
+        match self {
+            Self::Segments(log) => log.next_lsn(),
+            Self::Proposals(p) => p.next_lsn,
+        }
+    }
+
+    /// Where the next group goes.
+    pub(crate) fn next(&self) -> LogPoint {
+        match self {
+            Self::Segments(log) => log.next(),
+            Self::Proposals(p) => LogPoint {
+                lsn: p.next_lsn,
+                entry: 0,
+                prev_term: 0,
+            },
+        }
+    }
+
+    /// Forgets the groups planned after `to`. A proposing sink forgets its whole batch (the
+    /// writer fails the batch whenever it rewinds).
+    pub(crate) fn rewind(&mut self, to: LogPoint) {
+        match self {
+            Self::Segments(log) => log.rewind(to),
+            Self::Proposals(p) => {
+                p.groups.clear();
+                p.next_lsn = to.lsn;
+            }
+        }
+    }
+
+    /// The segment and offset the first frame of a group planned next will have. A proposal
+    /// has no place yet: its frames are placed relative to the group buffer (segment 0),
+    /// which only the batch's own planning reads.
+    pub(crate) fn frame_origin(&self) -> (u64, u64) {
+        match self {
+            Self::Segments(log) => (log.active().base_lsn(), log.active().len()),
+            Self::Proposals(_) => (0, 0),
+        }
+    }
+
+    /// The frame header of record `i` of a group of `count`.
+    pub(crate) fn stamp(&self, i: usize, count: usize) -> FrameStamp {
+        match self {
+            Self::Segments(log) => log.stamp(i, count),
+            Self::Proposals(p) => FrameStamp {
+                lsn: p.next_lsn + i as u64,
+                entry: 0,
+                term: 0,
+                group_left: u32::try_from(count.saturating_sub(i + 1)).unwrap_or(u32::MAX),
+                synced_through: 0,
+            },
+        }
+    }
+
+    /// Moves past a planned group of `count` records whose frames are `frames` (a proposing
+    /// sink keeps them as the group's proposal).
+    pub(crate) fn advance(&mut self, count: usize, frames: &[u8]) -> Result<()> {
+        match self {
+            Self::Segments(log) => {
+                log.advance(count);
+                Ok(())
+            }
+            Self::Proposals(p) => {
+                p.groups.push(proposal_of_frames(frames, count)?);
+                p.next_lsn += count as u64;
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn has_unsynced(&self) -> bool {
+        match self {
+            Self::Segments(log) => log.has_unsynced(),
+            Self::Proposals(_) => false,
+        }
+    }
+
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        match self {
+            Self::Segments(log) => log.sync(),
+            Self::Proposals(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn close_cleanly(&mut self) -> Result<()> {
+        match self {
+            Self::Segments(log) => log.close_cleanly(),
+            // A replicated node's log is closed by its entry log (openraft's storage).
+            Self::Proposals(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn rotate_if_full(&mut self, max_bytes: u64) -> std::result::Result<(), WriteError> {
+        match self {
+            Self::Segments(log) => log.rotate_if_full(max_bytes),
+            Self::Proposals(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn write(&mut self, frames: &[u8]) -> std::result::Result<(), WriteError> {
+        match self {
+            Self::Segments(log) => log.write(frames),
+            Self::Proposals(_) => Err(WriteError::Fatal(Error::Internal(
+                "a replicated node's writer wrote instead of proposing".into(),
+            ))),
+        }
+    }
+}
+
+/// The proposal of one planned group from its encoded frames (header, then body, each).
+fn proposal_of_frames(frames: &[u8], count: usize) -> Result<Proposal> {
+    use crate::format::FRAME_HEADER_BYTES;
+    let mut records = Vec::with_capacity(count);
+    let mut at = 0usize;
+    while at < frames.len() {
+        let header = crate::record::check_frame(&frames[at..])
+            .map_err(|e| Error::Internal(format!("a planned frame does not check: {e:?}")))?;
+        let body_at = at + FRAME_HEADER_BYTES;
+        let end = body_at + header.body_len as usize;
+        let body = frames
+            .get(body_at..end)
+            .ok_or_else(|| Error::Internal("a planned frame is cut short".into()))?;
+        records.push((header.record_type, body.to_vec()));
+        at = end;
+    }
+    if records.len() != count {
+        return Err(Error::Internal(format!(
+            "a planned group of {count} records holds {} frames",
+            records.len()
+        )));
+    }
+    Ok(Proposal::from_raw(records))
+}

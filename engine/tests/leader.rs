@@ -1,0 +1,193 @@
+//! The leader side of apply after commit (issue 19 item 2): a replicated node's writer plans
+//! as a single node does, proposes one entry per planned group, and answers from how each
+//! entry settled. Here the "cluster" is a one-node proposer that appends to the node's own
+//! `EntryLog`, commits and applies, so every test runs the real planner, proposal encoding,
+//! entry log and apply rules, without openraft (the replication crate's tests add it).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::history::{describe, history};
+use common::*;
+use cursorlog_engine::{
+    Config, Engine, EntryId, EntryLog, EntryLogConfig, EntryPayload, Error, LogEntry, ManualClock,
+    OpenStream, Proposal, Proposed, Proposer, SyncPolicy,
+};
+
+/// A one-node cluster: appends proposals to the log in term 1, commits them and applies.
+#[derive(Debug)]
+struct LocalCluster {
+    log: EntryLog,
+    /// The engine that applies (set after open; cleared to end the cycle).
+    engine: Mutex<Option<Engine>>,
+    /// Append a blank entry before the next batch (an entry of openraft's own slipping in
+    /// between the plan and the append).
+    blank_first: AtomicBool,
+    /// This node is a follower whose leader is at this address.
+    follower_of: Mutex<Option<String>>,
+}
+
+impl LocalCluster {
+    fn append_committed(&self, payloads: Vec<EntryPayload>) -> Vec<EntryId> {
+        let next = self.log.state().last.map_or(1, |id| id.index + 1);
+        let entries: Vec<LogEntry> = payloads
+            .into_iter()
+            .enumerate()
+            .map(|(i, payload)| LogEntry {
+                id: EntryId {
+                    term: 1,
+                    index: next + i as u64,
+                },
+                payload,
+            })
+            .collect();
+        self.log.append(&entries).unwrap();
+        let ids: Vec<EntryId> = entries.iter().map(|e| e.id).collect();
+        self.log.save_committed(*ids.last().unwrap()).unwrap();
+        ids
+    }
+}
+
+impl Proposer for LocalCluster {
+    fn prepare(&self) -> Result<(), Proposed> {
+        match self.follower_of.lock().unwrap().clone() {
+            Some(leader) => Err(Proposed::NotLeader {
+                leader: Some(leader),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
+        if self.blank_first.swap(false, Ordering::AcqRel) {
+            let blank = self.append_committed(vec![EntryPayload::Blank]);
+            let engine = self.engine.lock().unwrap().clone().unwrap();
+            engine.apply_committed(blank[0].index).unwrap();
+        }
+        let ids = self.append_committed(entries.into_iter().map(EntryPayload::Records).collect());
+        let engine = self.engine.lock().unwrap().clone().unwrap();
+        let applied = engine.apply_committed(ids.last().unwrap().index).unwrap();
+        ids.iter()
+            .map(|id| match applied.refused.iter().find(|(r, _)| r == id) {
+                Some((_, why)) => Proposed::Refused(why.clone()),
+                None => Proposed::Applied,
+            })
+            .collect()
+    }
+}
+
+fn stream_in(session: &str) -> OpenStream {
+    OpenStream {
+        session: session.into(),
+        epoch: 1,
+        correlation: None,
+        lease_ms: None,
+    }
+}
+
+fn config_at(dir: &Path, clock: &Arc<ManualClock>) -> Config {
+    let mut c = config(dir, SyncPolicy::Always, 64 * 1024);
+    c.clock = Arc::clone(clock) as _;
+    c
+}
+
+/// A replicated node over `dir` with a one-node cluster.
+fn open_leader(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, Arc<LocalCluster>) {
+    let log = EntryLog::open(EntryLogConfig::new(dir)).unwrap();
+    let cluster = Arc::new(LocalCluster {
+        log: log.clone(),
+        engine: Mutex::new(None),
+        blank_first: AtomicBool::new(false),
+        follower_of: Mutex::new(None),
+    });
+    let engine = Engine::open_replicated(
+        config_at(dir, clock),
+        &log,
+        Arc::clone(&cluster) as Arc<dyn Proposer>,
+    )
+    .unwrap();
+    *cluster.engine.lock().unwrap() = Some(engine.clone());
+    (engine, cluster)
+}
+
+fn close(engine: Engine, cluster: &LocalCluster) {
+    cluster.engine.lock().unwrap().take();
+    engine.close().unwrap();
+}
+
+#[test]
+fn a_leader_proposing_its_writes_serves_what_a_single_node_serves() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let single = tempfile::tempdir().unwrap();
+    let expected = {
+        let e = Engine::open(config_at(single.path(), &clock)).unwrap();
+        history(&e);
+        describe(&e)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    history(&leader);
+    assert_eq!(describe(&leader), expected);
+    let entries = cluster.log.state().last.unwrap().index;
+    assert!(entries > 15, "one entry per planned group: {entries}");
+    close(leader, &cluster);
+    drop(cluster);
+
+    // What the leader's entries hold is the whole state: a replica rebuilt from them (at a
+    // restart) serves the same.
+    let log = EntryLog::open(EntryLogConfig::new(dir.path())).unwrap();
+    let replica = Engine::open_replica(config_at(dir.path(), &clock), &log).unwrap();
+    assert_eq!(describe(&replica), expected);
+}
+
+#[test]
+fn an_entry_landing_at_another_lsn_than_planned_is_refused_and_its_retry_succeeds() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    leader.open_session("s").unwrap();
+    let before = describe(&leader);
+    // A blank entry takes the LSN the planner gave the new stream: the stream id would not
+    // be its LSN, so apply refuses the entry on every replica, and the caller is told to
+    // retry (not handed a stream id that does not exist).
+    cluster.blank_first.store(true, Ordering::Release);
+    let err = leader.open_stream(stream_in("s")).unwrap_err();
+    assert!(matches!(err, Error::NotConfirmed(_)), "{err:?}");
+    assert!(err.to_string().contains("retry"), "{err}");
+    assert_eq!(
+        describe(&leader),
+        before,
+        "the refused entry changed nothing"
+    );
+    let opened = leader.open_stream(stream_in("s")).unwrap();
+    append_range(&leader, "s", opened.stream, 1, 3);
+    let streams = leader.streams().unwrap();
+    assert_eq!(streams.len(), 1);
+    assert_eq!(streams[0].id, opened.stream);
+    assert_eq!(streams[0].head, 3);
+    close(leader, &cluster);
+}
+
+#[test]
+fn a_node_that_is_not_the_leader_answers_with_the_leaders_address_and_writes_nothing() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (node, cluster) = open_leader(dir.path(), &clock);
+    node.open_session("s").unwrap();
+    let entries = cluster.log.state().last;
+    *cluster.follower_of.lock().unwrap() = Some("10.0.0.2:7000".into());
+    match node.open_session("t") {
+        Err(Error::NotLeader { leader }) => assert_eq!(leader.as_deref(), Some("10.0.0.2:7000")),
+        other => panic!("{other:?}"),
+    }
+    let err = node.open_session("t").unwrap_err();
+    assert!(err.to_string().contains("10.0.0.2:7000"), "{err}");
+    assert_eq!(cluster.log.state().last, entries, "nothing was proposed");
+    // Reads are served from what was applied.
+    assert!(node.session("s").unwrap().is_some());
+    close(node, &cluster);
+}
