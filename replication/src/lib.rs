@@ -23,12 +23,16 @@
 pub mod codec;
 pub mod log_store;
 pub mod network;
+pub mod node;
 pub mod service;
+pub mod state_machine;
 pub mod types;
 
 pub use log_store::SegmentLogStore;
 pub use network::{ClientOptions, NetworkClient, NetworkFactory, OptionsError};
+pub use node::{NodeOptions, NodeStatus, RaftProposer, ReplicatedNode, StartError};
 pub use service::{InMemorySnapshots, RaftService, SnapshotSink};
+pub use state_machine::EngineStateMachine;
 pub use types::{
     ApplyResult, ClusterTiming, Entry, LogId, NodeId, Proposal, Raft, RaftNode, TypeConfig, Vote,
 };

@@ -45,11 +45,15 @@ impl fmt::Display for Proposal {
     }
 }
 
-/// What applying one entry answered its proposer: opaque bytes for now. The engine will
-/// replace this with its per-entry outcome (committed LSNs, or the validation failure of an
-/// entry of a deposed leader's term that committed beside the new leader's).
+/// What applying one entry answered its proposer: applied, or refused by the engine's apply
+/// rules (an entry of a deposed leader's term that committed beside the new leader's, or
+/// one that landed at another LSN than its leader planned). A refused entry changed nothing,
+/// on every replica alike.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApplyResult(pub Vec<u8>);
+pub struct ApplyResult {
+    /// Why the apply rules refused the entry; `None` when it applied.
+    pub refused: Option<String>,
+}
 
 openraft::declare_raft_types!(
     /// cursorlog's [`openraft::RaftTypeConfig`]. The log id is `(term, index)`

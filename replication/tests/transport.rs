@@ -179,7 +179,7 @@ async fn write(leader: &Node, range: std::ops::Range<u32>) -> u64 {
                 .await
             {
                 Ok(resp) => {
-                    assert_eq!(resp.data.0, records(i), "the apply result of {i}");
+                    assert_eq!(resp.data.refused, None, "the apply result of {i}");
                     last = resp.log_id.index;
                     break;
                 }

@@ -191,14 +191,13 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
             + OptionalSend,
     {
         while let Some((entry, responder)) = entries.try_next().await? {
-            let mut result = ApplyResult::default();
+            let result = ApplyResult::default();
             {
                 let mut inner = lock(&self.0);
                 inner.applied.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => {}
                     EntryPayload::Normal(proposal) => {
-                        result = ApplyResult(proposal.records.clone());
                         inner.applied.proposals.push(proposal.records);
                     }
                     EntryPayload::Membership(m) => {

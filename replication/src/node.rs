@@ -1,0 +1,361 @@
+//! One replicated cursorlog node: the segment log as openraft's log store, the engine as its
+//! state machine, and the engine's writes proposed through openraft ([`RaftProposer`]).
+//!
+//! Wiring, in the order [`ReplicatedNode::start`] does it: open the [`EntryLog`]; open the
+//! engine over it with a proposer that does not know its Raft handle yet (the engine is the
+//! state machine, and the Raft handle needs the state machine: the proposer gets the handle
+//! once it exists); start Raft; a node listed first in a fresh cluster's member list
+//! initializes the cluster.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use cursorlog_engine::{Config, Engine, EntryLog, EntryLogConfig, Proposal, Proposed, Proposer};
+use futures_util::StreamExt as _;
+use openraft::async_runtime::WatchReceiver as _;
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
+use openraft::{ReadPolicy, ServerState};
+
+use crate::network::{ClientOptions, NetworkFactory};
+use crate::state_machine::EngineStateMachine;
+use crate::types::{ClusterTiming, NodeId, Proposal as RaftProposal, Raft, RaftNode};
+use crate::SegmentLogStore;
+
+/// How a node is started.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// This node's id in the cluster.
+    pub id: NodeId,
+    /// The engine's configuration (its `dir` is the node's data directory).
+    pub engine: Config,
+    /// The cluster's members when it is first formed: id → client/peer address. The member
+    /// with the lowest id initializes a cluster whose logs are all empty; later starts
+    /// ignore it (membership then lives in the log).
+    pub members: BTreeMap<NodeId, RaftNode>,
+    /// Election and heartbeat timing.
+    pub timing: ClusterTiming,
+    /// How this node reaches its peers (token, TLS).
+    pub client: ClientOptions,
+    /// How long a proposal or a linearizable read may wait for the cluster.
+    pub request_timeout: Duration,
+}
+
+/// Why a node did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data directory's log or engine did not open.
+    #[error("opening the node's data directory: {0}")]
+    Engine(#[from] cursorlog_engine::Error),
+    /// The timing is inconsistent.
+    #[error("the cluster timing is invalid: {0}")]
+    Timing(#[from] openraft::ConfigError),
+    /// openraft did not start, or the cluster could not be initialized.
+    #[error("starting raft: {0}")]
+    Raft(String),
+}
+
+/// A running replicated node.
+#[derive(Clone)]
+pub struct ReplicatedNode {
+    id: NodeId,
+    engine: Engine,
+    raft: Raft<EngineStateMachine>,
+    proposer: Arc<RaftProposer>,
+}
+
+impl std::fmt::Debug for ReplicatedNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicatedNode")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a node says about itself (health, `inspect`, metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// This node's id.
+    pub id: NodeId,
+    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`.
+    pub role: &'static str,
+    /// The current term.
+    pub term: u64,
+    /// The leader this node knows of, with its address.
+    pub leader: Option<(NodeId, String)>,
+    /// The last log index (Raft's, from 0), if any.
+    pub last_log_index: Option<u64>,
+    /// The last applied index, if any.
+    pub last_applied: Option<u64>,
+    /// The committed index, if known.
+    pub committed: Option<u64>,
+    /// Per follower (on the leader): how many entries it is behind the leader's last.
+    pub lag: BTreeMap<NodeId, u64>,
+    /// The voters.
+    pub voters: Vec<NodeId>,
+}
+
+impl ReplicatedNode {
+    /// Opens the node's data directory and starts Raft on it.
+    ///
+    /// # Errors
+    /// [`StartError`] naming what did not open or start.
+    pub async fn start(options: NodeOptions) -> Result<Self, StartError> {
+        let dir: PathBuf = options.engine.dir.clone();
+        let log = EntryLog::open(EntryLogConfig {
+            dir,
+            segment_bytes_max: options.engine.segment_bytes_max,
+        })?;
+        let fresh = log.state().last.is_none() && log.read_vote()?.is_none();
+        let proposer = Arc::new(RaftProposer {
+            id: options.id,
+            raft: OnceLock::new(),
+            runtime: tokio::runtime::Handle::current(),
+            ready_term: Mutex::new(None),
+            timeout: options.request_timeout,
+        });
+        let engine = {
+            let (config, log, p) = (options.engine.clone(), log.clone(), Arc::clone(&proposer));
+            tokio::task::spawn_blocking(move || {
+                Engine::open_replicated(config, &log, p as Arc<dyn Proposer>)
+            })
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))??
+        };
+        let config = options.timing.config("cursorlog")?;
+        let raft = Raft::new(
+            options.id,
+            Arc::new(config),
+            NetworkFactory::new(options.id, options.client.clone()),
+            SegmentLogStore::new(log),
+            EngineStateMachine::new(engine.clone()),
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let _ = proposer.raft.set(raft.clone());
+        let first = options.members.keys().next().copied();
+        if fresh && first == Some(options.id) {
+            match raft.initialize(options.members.clone()).await {
+                Ok(()) => tracing::info!(members = ?options.members, "initialized the cluster"),
+                Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(e))) => {
+                    tracing::info!(reason = %e, "the cluster is already initialized");
+                }
+                Err(e) => return Err(StartError::Raft(e.to_string())),
+            }
+        }
+        Ok(Self {
+            id: options.id,
+            engine,
+            raft,
+            proposer,
+        })
+    }
+
+    /// The engine: reads, and writes that this node proposes when it leads.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The Raft handle (for the node-to-node service).
+    pub fn raft(&self) -> &Raft<EngineStateMachine> {
+        &self.raft
+    }
+
+    /// Waits until a read on this node is linearizable: it is the leader, a quorum confirmed
+    /// it after the read began, and it applied everything committed by then (ReadIndex).
+    ///
+    /// # Errors
+    /// [`Proposed::NotLeader`] with the leader's address when another node leads (or none is
+    /// known, or this node is cut off from a quorum); [`Proposed::Unknown`] on a timeout.
+    pub async fn linearizable(&self) -> Result<(), Proposed> {
+        self.proposer.linearizable().await
+    }
+
+    /// This node's view of the cluster.
+    pub fn status(&self) -> NodeStatus {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let leader = m.current_leader.map(|l| {
+            let addr = m
+                .membership_config
+                .get_node(&l)
+                .map(|n| n.addr.clone())
+                .unwrap_or_default();
+            (l, addr)
+        });
+        let last = m.last_log_index.unwrap_or(0);
+        let lag = m
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .filter(|(id, _)| **id != self.id)
+                    .map(|(id, matched)| {
+                        let at = matched.as_ref().map_or(0, |l| l.index + 1);
+                        (*id, (last + 1).saturating_sub(at))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        NodeStatus {
+            id: self.id,
+            role: match m.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            },
+            term: m.current_term,
+            leader,
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            committed: m.local_committed.map(|l| l.index),
+            lag,
+            voters: m.membership_config.voter_ids().collect(),
+        }
+    }
+
+    /// Stops Raft, then the engine.
+    ///
+    /// # Errors
+    /// The engine's close failed (its index could not be flushed).
+    pub async fn shutdown(self) -> Result<(), cursorlog_engine::Error> {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft did not shut down cleanly");
+        }
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || engine.close())
+            .await
+            .map_err(|e| cursorlog_engine::Error::Internal(e.to_string()))?
+    }
+}
+
+/// The engine's [`Proposer`] over openraft.
+#[derive(Debug)]
+pub struct RaftProposer {
+    id: NodeId,
+    /// Set once Raft started (Raft needs the engine, which needs this).
+    raft: OnceLock<Raft<EngineStateMachine>>,
+    runtime: tokio::runtime::Handle,
+    /// The term in which this node, as leader, last confirmed it applied everything
+    /// committed before its term (see [`Proposer::prepare`]).
+    ready_term: Mutex<Option<u64>>,
+    timeout: Duration,
+}
+
+impl RaftProposer {
+    fn raft(&self) -> Result<&Raft<EngineStateMachine>, Proposed> {
+        self.raft
+            .get()
+            .ok_or_else(|| Proposed::Unknown("the node is starting".into()))
+    }
+
+    /// The address of node `id` in the current membership.
+    fn addr_of(&self, id: Option<NodeId>) -> Option<String> {
+        let raft = self.raft.get()?;
+        let m = raft.metrics().borrow_watched().clone();
+        id.and_then(|id| m.membership_config.get_node(&id).map(|n| n.addr.clone()))
+    }
+
+    async fn linearizable(&self) -> Result<(), Proposed> {
+        let raft = self.raft()?;
+        match tokio::time::timeout(
+            self.timeout,
+            raft.ensure_linearizable(ReadPolicy::ReadIndex),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f)))) => {
+                Err(Proposed::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
+            }
+            // Cut off from a quorum: whoever leads is elsewhere (or nobody yet).
+            Ok(Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)))) => {
+                Err(Proposed::NotLeader { leader: None })
+            }
+            Ok(Err(e)) => Err(Proposed::Unknown(e.to_string())),
+            Err(_) => Err(Proposed::NotLeader { leader: None }),
+        }
+    }
+}
+
+impl Proposer for RaftProposer {
+    fn prepare(&self) -> Result<(), Proposed> {
+        let raft = self.raft()?;
+        let m = raft.metrics().borrow_watched().clone();
+        if m.current_leader != Some(self.id) {
+            return Err(Proposed::NotLeader {
+                leader: self.addr_of(m.current_leader),
+            });
+        }
+        let mut ready = self
+            .ready_term
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *ready == Some(m.current_term) {
+            return Ok(());
+        }
+        // First batch of this term: a ReadIndex round makes this node apply everything
+        // committed before its term's first entry (a new leader's index may lag the log).
+        self.runtime.block_on(self.linearizable())?;
+        *ready = Some(m.current_term);
+        Ok(())
+    }
+
+    fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
+        let count = entries.len();
+        let Ok(raft) = self.raft() else {
+            return vec![Proposed::Unknown("the node is starting".into()); count];
+        };
+        let data: Vec<RaftProposal> = entries
+            .into_iter()
+            .map(|p| RaftProposal {
+                records: p.as_bytes().to_vec(),
+            })
+            .collect();
+        let settle = async {
+            let mut out = Vec::with_capacity(count);
+            let mut results = match raft.client_write_many(data).await {
+                Ok(results) => results,
+                Err(fatal) => return vec![Proposed::Unknown(fatal.to_string()); count],
+            };
+            while let Some(result) = results.next().await {
+                out.push(match result {
+                    Ok(Ok(written)) => match written.response.refused {
+                        None => Proposed::Applied,
+                        Some(why) => Proposed::Refused(why),
+                    },
+                    // Refused before it was appended: nothing of it exists, retry elsewhere.
+                    Ok(Err(ClientWriteError::ForwardToLeader(f))) => Proposed::NotLeader {
+                        leader: f.leader_node.map(|n| n.addr),
+                    },
+                    Ok(Err(e)) => Proposed::Unknown(e.to_string()),
+                    Err(fatal) => Proposed::Unknown(fatal.to_string()),
+                });
+            }
+            out
+        };
+        // A timeout leaves the outcomes not reported yet as unknown (filled in below).
+        let mut out = self
+            .runtime
+            .block_on(async { tokio::time::timeout(self.timeout, settle).await })
+            .unwrap_or_default();
+        out.resize(
+            count,
+            Proposed::Unknown(format!(
+                "no outcome within {} ms (the entry may still commit)",
+                self.timeout.as_millis()
+            )),
+        );
+        if out.iter().any(|o| matches!(o, Proposed::NotLeader { .. })) {
+            *self
+                .ready_term
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        out
+    }
+}
