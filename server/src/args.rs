@@ -220,6 +220,10 @@ pub struct ServeArgs {
     /// --help and deliberately without an environment variable.
     #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub fault_fail_fsync_after: Option<u64>,
+    /// Replication: this node's id in a cluster (with `--peers`). Without it, cursorlog runs
+    /// as one node, exactly as before.
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
     /// Whether `--auth-token` was given on the command line (visible in `ps`), as opposed to
     /// `CURSORLOG_AUTH_TOKEN`. Set by `main` from clap's value source.
     #[arg(skip)]

@@ -22,6 +22,7 @@ mod admin;
 mod append_stream;
 mod args;
 mod auth;
+mod cluster;
 mod connections;
 mod convert;
 mod exposure;

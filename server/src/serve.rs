@@ -276,7 +276,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let signal = tokio::spawn(shutdown_signal());
 
     raise_descriptor_limit();
-    let engine = open_engine(&args, config).await?;
+    let node = crate::cluster::start(&args, config.clone()).await?;
+    let engine = match &node {
+        Some(node) => node.engine().clone(),
+        None => open_engine(&args, config).await?,
+    };
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
@@ -326,7 +330,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         Arc::clone(&metrics),
         shutdown_rx.clone(),
         args.grpc_message_bytes_max,
-    );
+    )
+    .in_cluster(node.clone());
     let cursorlog = CursorLogServer::new(service)
         .max_decoding_message_size(args.grpc_message_bytes_max)
         .max_encoding_message_size(args.grpc_message_bytes_max);
@@ -334,10 +339,22 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let cursorlog = FrameLimit::new(cursorlog, args.grpc_message_bytes_max);
     let token = exposure.token.clone();
     let connections_max = args.connections_max;
-    let cursorlog = InterceptedService::new(cursorlog, move |request: Request<()>| {
+    let check = move |request: Request<()>| {
         connections::on_reserved_slot(request.extensions(), connections_max)?;
         check_bearer(token.as_ref(), &request).map(|()| request)
+    };
+    // Peers present the same token as clients (and connect over the same TLS).
+    let raft = node.as_ref().map(|node| {
+        InterceptedService::new(
+            cursorlog_replication::RaftService::new(
+                node.raft().clone(),
+                cursorlog_replication::InMemorySnapshots,
+            )
+            .into_server(),
+            check.clone(),
+        )
     });
+    let cursorlog = InterceptedService::new(cursorlog, check);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     set_health(&health_reporter, ServingStatus::Serving).await;
     let stay_up = args.stay_up_when_poisoned;
@@ -371,6 +388,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(cursorlog)
+        .add_optional_service(raft)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop_accepting.wait_for(|down| *down).await;
         });
@@ -442,9 +460,13 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     if let Some(task) = metrics_task {
         task.abort();
     }
-    let closed = tokio::task::spawn_blocking(move || engine.close())
-        .await
-        .map_err(|e| format!("closing the engine panicked: {e}"))?;
+    let closed = match node {
+        // Raft stops first (nothing more is applied), then the engine closes.
+        Some(node) => node.shutdown().await,
+        None => tokio::task::spawn_blocking(move || engine.close())
+            .await
+            .map_err(|e| format!("closing the engine panicked: {e}"))?,
+    };
     match (closed, outcome) {
         (Ok(()), Ok(())) => {
             tracing::info!("engine closed cleanly; bye");

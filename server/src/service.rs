@@ -12,6 +12,7 @@ use std::sync::Arc;
 use cursorlog_engine::{self as engine, Cursor, Engine};
 use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::cursor_log_server::CursorLog;
+use cursorlog_replication::ReplicatedNode;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -38,6 +39,9 @@ pub struct CursorLogService {
     shutdown: watch::Receiver<bool>,
     /// Upper bound on one encoded response message, in bytes.
     message_bytes_max: usize,
+    /// The replicated node this service belongs to, if any: reads that give a verdict are
+    /// served only once it proves it leads (see [`CursorLogService::linearizable`]).
+    cluster: Option<ReplicatedNode>,
 }
 
 impl CursorLogService {
@@ -54,6 +58,27 @@ impl CursorLogService {
             metrics,
             shutdown,
             message_bytes_max,
+            cluster: None,
+        }
+    }
+
+    /// The service of a member of a replicated cluster (`None`: a single node).
+    #[must_use]
+    pub fn in_cluster(mut self, node: Option<ReplicatedNode>) -> Self {
+        self.cluster = node;
+        self
+    }
+
+    /// On a cluster member: waits until a read here is linearizable (this node leads, a
+    /// quorum confirmed it, and it applied everything committed before the read began), or
+    /// answers `UNAVAILABLE` with the leader's address. A single node answers at once.
+    async fn linearizable(&self) -> Result<(), Status> {
+        match &self.cluster {
+            Some(node) => node
+                .linearizable()
+                .await
+                .map_err(|outcome| crate::cluster::unavailable(&outcome)),
+            None => Ok(()),
         }
     }
 
@@ -141,6 +166,7 @@ impl CursorLog for CursorLogService {
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::GetSessionResponse>, Status> {
         let session = convert::required_str("session", request.into_inner().session)?;
+        self.linearizable().await?;
         let view = self
             .blocking(move |e| e.session(&session))
             .await?
@@ -361,6 +387,7 @@ impl CursorLog for CursorLogService {
         let session = convert::required_str("session", r.session)?;
         let cursor = r.last_event_id;
         let declared = convert::optional_id(r.declared_stream);
+        self.linearizable().await?;
         // A verdict is a few index lookups (microseconds, memory or page cache): answered
         // inline rather than paying a blocking-pool hand-off.
         let resolution = self
@@ -388,6 +415,7 @@ impl CursorLog for CursorLogService {
         .min(self.engine.config().read_events_max.max(1));
         let cursor = r.last_event_id;
         let declared = convert::optional_id(r.declared_stream);
+        self.linearizable().await?;
         let resolution = {
             let session = session.clone();
             self.blocking(move |e| e.resolve(&session, &cursor, declared))
@@ -416,6 +444,7 @@ impl CursorLog for CursorLogService {
     ) -> Result<Response<pb::GetOutcomeResponse>, Status> {
         let r = request.into_inner();
         let session = convert::required_str("session", r.session)?;
+        self.linearizable().await?;
         let outcome = match r.stream {
             Some(stream) => {
                 let stream = convert::required_id("stream", stream)?;

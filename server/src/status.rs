@@ -19,7 +19,7 @@ use tonic::{Code, Status};
 /// | `SeqConflict` | `ABORTED` |
 /// | `Evicted` | `OUT_OF_RANGE` |
 /// | `Corruption` | `DATA_LOSS` |
-/// | `Poisoned`, `Io`, `Index`, `Closed`, `Locked` | `UNAVAILABLE` |
+/// | `Poisoned`, `Io`, `Index`, `Closed`, `Locked`, `NotLeader` (leader in the `cursorlog-leader` header), `NotConfirmed` | `UNAVAILABLE` |
 /// | `Internal` (and any variant added later) | `INTERNAL` |
 pub fn from_engine(err: &Error) -> Status {
     let (code, message) = code_and_message(err);
@@ -33,7 +33,11 @@ pub fn from_engine(err: &Error) -> Status {
     } else if matches!(err, Error::AtCapacity { .. }) {
         tracing::warn!(error = %err, "request refused: a cap on live state is reached");
     }
-    Status::new(code, message)
+    let status = Status::new(code, message);
+    match err {
+        Error::NotLeader { leader } => crate::cluster::with_leader(status, leader.as_deref()),
+        _ => status,
+    }
 }
 
 fn code_and_message(err: &Error) -> (Code, String) {
