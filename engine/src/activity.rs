@@ -84,6 +84,13 @@ impl SessionActivity {
         Self::write(self.shard(session)).remove(session);
     }
 
+    /// Forgets every session's activity (a replicated node that stopped leading).
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            Self::write(shard).clear();
+        }
+    }
+
     /// Sessions tracked (live). Sums the shards: for stats and tests, not a hot path.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::clock::duration_ms;
 use crate::error::{Error, Result};
+use crate::index::{prefix, KvRead};
 use crate::mailbox::{send, submit, wait, Command, Mailbox, Reply};
+use crate::propose::Proposer;
 use crate::shared::Shared;
 use crate::state::StreamState;
 
@@ -161,10 +163,17 @@ pub(crate) fn run_retention(shared: &Shared, tx: &Mailbox) -> Result<usize> {
 
 /// Starts the maintenance thread: leases and free space every tick, idle sessions every
 /// tenth of the TTL (between 100 ms and 10 s), retention every `check_interval`.
+///
+/// On a replicated node (`cluster` is its proposer) only the leader decides expiries: the
+/// others skip every round, and a node that becomes leader first re-arms sessions' idle
+/// clocks and streams' leases from its index (they are leader-only memory, started afresh
+/// at the moment it took over). Retention does not run on a replicated node yet: it needs
+/// snapshots (issue 19 item 4), so its log is kept whole.
 pub(crate) fn spawn_maintenance(
     shared: Arc<Shared>,
     tx: Mailbox,
     shutdown: Arc<AtomicBool>,
+    cluster: Option<Arc<dyn Proposer>>,
 ) -> Result<JoinHandle<()>> {
     let retention_every = shared.config.retention.check_interval;
     let idle_every = shared
@@ -179,12 +188,34 @@ pub(crate) fn spawn_maintenance(
             let mut last_retention = Instant::now();
             let mut last_idle = Instant::now();
             let mut idle_backlog = false;
+            let mut leading = false;
             loop {
                 std::thread::park_timeout(TICK);
                 if shutdown.load(Ordering::Acquire) {
                     return;
                 }
                 check_disk(&shared);
+                if let Some(cluster) = &cluster {
+                    let leads = cluster.leads();
+                    if leads && !leading {
+                        if let Err(e) = arm_live_state(&shared) {
+                            tracing::warn!(error = %e, "re-arming leases and idle clocks as the new leader failed; retrying");
+                            continue;
+                        }
+                        tracing::info!("leading: deciding lease and idle expiries from now on");
+                    }
+                    if leading && !leads {
+                        // Another node decides now, from calls this one no longer sees: what
+                        // this one remembers would be stale if it led again.
+                        shared.leases.clear();
+                        shared.activity.clear();
+                        tracing::info!("no longer leading: lease and idle expiries are the new leader's");
+                    }
+                    leading = leads;
+                    if !leads {
+                        continue;
+                    }
+                }
                 let expiry = shared.config.background_expiry;
                 if expiry {
                     expire_leases(&shared, &tx);
@@ -202,7 +233,7 @@ pub(crate) fn spawn_maintenance(
                 }
                 let low = shared.low_disk.load(Ordering::Acquire);
                 // Short of space, retention runs every tick: it is what frees space.
-                if low || last_retention.elapsed() >= retention_every {
+                if cluster.is_none() && (low || last_retention.elapsed() >= retention_every) {
                     last_retention = Instant::now();
                     if let Err(e) = run_retention(&shared, &tx) {
                         tracing::warn!(error = %e, "retention pass failed; will retry");
@@ -240,6 +271,55 @@ pub(crate) fn spawn_index_flusher(
             }
         })
         .map_err(Error::io("starting the index flush thread"))
+}
+
+/// Starts the time-driven state of what recovery found live: a full idle TTL for every live
+/// session, a full lease for every open stream with one (a producer gets a full lease to
+/// reconnect after a restart). A lease already armed keeps its deadline. A replicated node
+/// calls it again each time it becomes the leader. Costs O(live sessions + open streams),
+/// scanned, not loaded.
+pub(crate) fn arm_live_state(shared: &Shared) -> Result<()> {
+    let now = shared.now_ms();
+    shared
+        .index
+        .for_each_with_prefix(&[prefix::SESSION], |k, _| {
+            if let Some(s) = shared.index.stored_session(
+                std::str::from_utf8(k.get(1..).unwrap_or_default()).unwrap_or_default(),
+            )? {
+                if s.meta.expired_at_ms.is_none() {
+                    shared.activity.insert(&s.meta.id, now);
+                }
+            }
+            Ok(())
+        })?;
+    for id in open_stream_ids(shared)? {
+        if let Some(s) = shared.index.stored_stream(id)? {
+            if let (StreamState::Open, Some(ms)) = (s.meta.state, s.meta.lease_ms) {
+                shared.leases.arm_missing(id, ms, now);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every open stream's id (the `L` keys end with it): O(open streams).
+pub(crate) fn open_stream_ids(shared: &Shared) -> Result<Vec<u64>> {
+    let mut open = Vec::new();
+    shared
+        .index
+        .for_each_with_prefix(&[prefix::OPEN_STREAM], |k, _| {
+            if let Some(id) = k
+                .len()
+                .checked_sub(8)
+                .and_then(|at| k.get(at..))
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            {
+                open.push(id);
+            }
+            Ok(())
+        })?;
+    Ok(open)
 }
 
 #[cfg(test)]

@@ -9,14 +9,13 @@ use std::thread::JoinHandle;
 
 use crate::api::Stats;
 use crate::background::{
-    check_disk, expire_idle_sessions, expire_leases, run_retention, spawn_index_flusher,
-    spawn_maintenance,
+    arm_live_state, check_disk, expire_idle_sessions, expire_leases, open_stream_ids,
+    run_retention, spawn_index_flusher, spawn_maintenance,
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
-use crate::index::{prefix, KvRead};
 use crate::lost::LostWrites;
 use crate::mailbox::{send, wait, Command, Mailbox, Reply};
 use crate::recovery::{recover, RecoveryReport};
@@ -205,7 +204,7 @@ impl Engine {
         }
         tracing::info!(dir = %shared.config.dir.display(), report = %report, "recovered data directory");
         let background = vec![
-            spawn_maintenance(Arc::clone(&shared), tx.clone(), Arc::clone(&shutdown))?,
+            spawn_maintenance(Arc::clone(&shared), tx.clone(), Arc::clone(&shutdown), None)?,
             spawn_index_flusher(Arc::clone(&shared), Arc::clone(&shutdown))?,
         ];
         Ok(Self {
@@ -436,33 +435,6 @@ impl Engine {
     }
 }
 
-/// Starts the time-driven state of what recovery found live: a full idle TTL for every live
-/// session, a full lease for every open stream with one (a producer gets a full lease to
-/// reconnect after a restart). Costs O(live sessions + open streams), scanned, not loaded.
-fn arm_live_state(shared: &Shared) -> Result<()> {
-    let now = shared.now_ms();
-    shared
-        .index
-        .for_each_with_prefix(&[prefix::SESSION], |k, _| {
-            if let Some(s) = shared.index.stored_session(
-                std::str::from_utf8(k.get(1..).unwrap_or_default()).unwrap_or_default(),
-            )? {
-                if s.meta.expired_at_ms.is_none() {
-                    shared.activity.insert(&s.meta.id, now);
-                }
-            }
-            Ok(())
-        })?;
-    for id in open_stream_ids(shared)? {
-        if let Some(s) = shared.index.stored_stream(id)? {
-            if let (StreamState::Open, Some(ms)) = (s.meta.state, s.meta.lease_ms) {
-                shared.leases.arm(id, ms, now);
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Ends every open stream after a run that may have lost acknowledged events: a client may
 /// hold a cursor for a lost event, and appending after the surviving head would give its
 /// seq to another event. Returns how many were ended.
@@ -523,26 +495,6 @@ fn fence_lost(shared: &Shared, tx: &Mailbox, lost: &LostWrites) -> Result<(u64, 
         moved += 1;
     }
     Ok((ended, moved))
-}
-
-/// Every open stream's id (the `L` keys end with it): O(open streams).
-fn open_stream_ids(shared: &Shared) -> Result<Vec<u64>> {
-    let mut open = Vec::new();
-    shared
-        .index
-        .for_each_with_prefix(&[prefix::OPEN_STREAM], |k, _| {
-            if let Some(id) = k
-                .len()
-                .checked_sub(8)
-                .and_then(|at| k.get(at..))
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            {
-                open.push(id);
-            }
-            Ok(())
-        })?;
-    Ok(open)
 }
 
 fn unexpected(reply: &Reply) -> Error {

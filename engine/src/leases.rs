@@ -44,6 +44,24 @@ impl Leases {
     }
 
     /// Pushes the deadline out by a full lease from `now_ms`, if the stream has one.
+    /// Arms `stream`'s lease unless it is armed already (a lease this node armed keeps its
+    /// deadline when the live state is re-armed).
+    pub(crate) fn arm_missing(&self, stream: u64, ms: u64, now_ms: u64) {
+        let mut map = self.write();
+        map.entry(stream).or_insert_with(|| Lease {
+            length_ms: ms,
+            deadline_ms: AtomicU64::new(now_ms.saturating_add(ms)),
+        });
+        self.armed.store(map.len(), Ordering::Release);
+    }
+
+    /// Forgets every lease (a replicated node that stopped leading).
+    pub(crate) fn clear(&self) {
+        let mut map = self.write();
+        map.clear();
+        self.armed.store(0, Ordering::Release);
+    }
+
     pub(crate) fn renew(&self, stream: u64, now_ms: u64) {
         if self.armed.load(Ordering::Acquire) == 0 {
             return;

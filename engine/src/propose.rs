@@ -23,6 +23,11 @@ pub trait Proposer: Send + Sync + std::fmt::Debug {
     /// How to answer the batch when this node cannot plan it.
     fn prepare(&self) -> Result<(), Proposed>;
 
+    /// Whether this node leads now, as far as it knows (cheap: no round trip). Only the
+    /// leader decides lease and idle expiries; a stale `true` is harmless, since what it
+    /// proposes is refused by consensus or by the apply rules.
+    fn leads(&self) -> bool;
+
     /// Proposes `entries`, in this order, as consecutive log entries, and returns once each
     /// is settled, with one outcome per entry in the same order.
     fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed>;

@@ -62,6 +62,10 @@ impl Proposer for LocalCluster {
         }
     }
 
+    fn leads(&self) -> bool {
+        self.follower_of.lock().unwrap().is_none()
+    }
+
     fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
         if self.blank_first.swap(false, Ordering::AcqRel) {
             let blank = self.append_committed(vec![EntryPayload::Blank]);
@@ -190,4 +194,48 @@ fn a_node_that_is_not_the_leader_answers_with_the_leaders_address_and_writes_not
     // Reads are served from what was applied.
     assert!(node.session("s").unwrap().is_some());
     close(node, &cluster);
+}
+
+#[test]
+fn the_leader_expires_a_lapsed_producer_lease_through_a_proposal() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    leader.open_session("s").unwrap();
+    let opened = leader
+        .open_stream(OpenStream {
+            lease_ms: Some(1_000),
+            ..stream_in("s")
+        })
+        .unwrap();
+    let mut follower = leader.follow("s", opened.stream, 0).unwrap();
+    assert_eq!(follower.poll(100).unwrap().map(|v| v.len()), Some(0));
+    let entries = cluster.log.state().last.unwrap().index;
+    clock.advance(std::time::Duration::from_secs(5));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(60), follower.changed())
+            .await
+            .expect("the expiry is applied and wakes the follower")
+            .unwrap();
+    });
+    let stream = leader
+        .streams()
+        .unwrap()
+        .into_iter()
+        .find(|s| s.id == opened.stream)
+        .unwrap();
+    assert_eq!(
+        stream.state,
+        cursorlog_engine::StreamState::Aborted,
+        "{stream:?}"
+    );
+    assert!(
+        cluster.log.state().last.unwrap().index > entries,
+        "the expiry was proposed as an entry"
+    );
+    close(leader, &cluster);
 }

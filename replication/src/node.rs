@@ -305,6 +305,12 @@ impl Proposer for RaftProposer {
         Ok(())
     }
 
+    fn leads(&self) -> bool {
+        self.raft
+            .get()
+            .is_some_and(|raft| raft.metrics().borrow_watched().current_leader == Some(self.id))
+    }
+
     fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
         let count = entries.len();
         let Ok(raft) = self.raft() else {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Engine, Inner};
-use crate::background::spawn_index_flusher;
+use crate::background::{spawn_index_flusher, spawn_maintenance};
 use crate::config::Config;
 use crate::entry_log::read::PlacedFrame;
 use crate::entry_log::{EntryId, EntryLog};
@@ -105,7 +105,7 @@ impl Engine {
         let writer = {
             let shared = Arc::clone(&shared);
             let thread = std::thread::Builder::new().name("cursorlog-writer".into());
-            match proposer {
+            match proposer.clone() {
                 Some(proposer) => {
                     let sink = Sink::Proposals(Proposals::new(proposer, log.clone()));
                     let writer = Writer::new(shared, sink);
@@ -116,10 +116,18 @@ impl Engine {
             .map_err(Error::io("starting the writer thread"))?
         };
         let shutdown = Arc::new(AtomicBool::new(false));
-        let background = vec![spawn_index_flusher(
+        let mut background = vec![spawn_index_flusher(
             Arc::clone(&shared),
             Arc::clone(&shutdown),
         )?];
+        if proposer.is_some() {
+            background.push(spawn_maintenance(
+                Arc::clone(&shared),
+                tx.clone(),
+                Arc::clone(&shutdown),
+                proposer,
+            )?);
+        }
         // The directory lock is the entry log's; the engine holds the lock file open only
         // to keep `Inner`'s shape (unlocking a file that is not locked is harmless).
         let lock_file = std::fs::OpenOptions::new()
