@@ -78,6 +78,9 @@ pub struct ClientOptions {
     tls: Option<ClientTlsConfig>,
     connect_timeout: Duration,
     max_message_bytes: usize,
+    /// Where this node dials a member instead of the address the membership records (a
+    /// test harness puts a fault proxy on every directed link this way).
+    routes: HashMap<NodeId, String>,
 }
 
 impl fmt::Debug for ClientOptions {
@@ -90,6 +93,7 @@ impl fmt::Debug for ClientOptions {
             .field("tls", &self.tls.is_some())
             .field("connect_timeout", &self.connect_timeout)
             .field("max_message_bytes", &self.max_message_bytes)
+            .field("routes", &self.routes)
             .finish()
     }
 }
@@ -101,6 +105,7 @@ impl Default for ClientOptions {
             tls: None,
             connect_timeout: Duration::from_secs(1),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            routes: HashMap::new(),
         }
     }
 }
@@ -125,6 +130,13 @@ impl ClientOptions {
     /// Dials peers over TLS with `tls`.
     pub fn with_tls(mut self, tls: ClientTlsConfig) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Dials member `id` at `addr` instead of the address the membership records for it.
+    /// Leader hints still name the recorded address (the one clients use).
+    pub fn with_route(mut self, id: NodeId, addr: impl Into<String>) -> Self {
+        self.routes.insert(id, addr.into());
         self
     }
 
@@ -187,10 +199,16 @@ impl<SD> NetworkFactory<SD> {
 
     /// A client to `target` at `node.addr` (what openraft's `new_client` returns).
     pub fn client(&mut self, target: NodeId, node: &RaftNode) -> NetworkClient<SD> {
-        let channel = match self.channels.get(&node.addr) {
+        let addr = self
+            .options
+            .routes
+            .get(&target)
+            .cloned()
+            .unwrap_or_else(|| node.addr.clone());
+        let channel = match self.channels.get(&addr) {
             Some(channel) => Ok(channel.clone()),
-            None => self.options.channel(&node.addr).inspect(|channel| {
-                self.channels.insert(node.addr.clone(), channel.clone());
+            None => self.options.channel(&addr).inspect(|channel| {
+                self.channels.insert(addr.clone(), channel.clone());
             }),
         };
         let max = self.options.max_message_bytes;
@@ -203,7 +221,7 @@ impl<SD> NetworkFactory<SD> {
                         .max_decoding_message_size(max)
                         .max_encoding_message_size(max)
                 })
-                .map_err(|err| format!("bad address {:?} of node {target}: {err}", node.addr)),
+                .map_err(|err| format!("bad address {addr:?} of node {target}: {err}")),
             authorization: self.options.authorization.clone(),
             max_message_bytes: max,
             _snapshot: PhantomData,

@@ -43,6 +43,10 @@ pub struct ClusterArgs {
     /// How often the leader heartbeats its followers, in ms.
     #[arg(long, env = "CURSORLOG_HEARTBEAT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(5..))]
     pub heartbeat_ms: u64,
+    /// TEST ONLY: dial member ID at HOST:PORT instead of its --peers address (a fault proxy
+    /// on the link from this node to it). Repeatable; hidden from --help.
+    #[arg(long, hide = true, value_parser = parse_peer)]
+    pub peer_route: Vec<(NodeId, String)>,
     /// With TLS: the CA that signed the peers' certificates [default: --tls-cert, for a
     /// cluster sharing one self-signed certificate].
     #[arg(long, env = "CURSORLOG_PEER_CA")]
@@ -116,6 +120,14 @@ pub async fn start(args: &ServeArgs, config: Config) -> Result<Option<Replicated
         ));
     }
     let mut client = ClientOptions::new();
+    for (peer, addr) in &args.cluster.peer_route {
+        tracing::warn!(
+            peer,
+            addr,
+            "TEST ONLY: --peer-route dials this member through another address"
+        );
+        client = client.with_route(*peer, addr);
+    }
     if let Some(token) = peer_token(args)? {
         client = client
             .with_token(&token)
