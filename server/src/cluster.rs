@@ -22,6 +22,34 @@ use crate::ServeArgs;
 
 /// The response header that names the leader on an `UNAVAILABLE` answer.
 pub const LEADER_HEADER: &str = "cursorlog-leader";
+/// The response header that says whether a refused write may be sent again as is.
+pub const RETRY_HEADER: &str = "cursorlog-retry";
+
+/// What a client may do with a write answered `UNAVAILABLE` by a cluster member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// `safe`: nothing of the write was proposed (this node is not the leader); send it
+    /// again, as is, to the leader.
+    Safe,
+    /// `outcome-unknown`: the write may still take effect (leadership changed while it was
+    /// in flight, or the cluster refused what it was planned against). Retry only what is
+    /// idempotent: an append with `expected_next_seq`, an `OpenSession`; an `OpenStream`
+    /// retried may open a second stream.
+    OutcomeUnknown,
+}
+
+/// Adds the [`RETRY_HEADER`] header to `status`.
+pub fn retry_is(mut status: Status, retry: Retry) -> Status {
+    let value = match retry {
+        Retry::Safe => "safe",
+        Retry::OutcomeUnknown => "outcome-unknown",
+    };
+    status.metadata_mut().insert(
+        RETRY_HEADER,
+        tonic::metadata::MetadataValue::from_static(value),
+    );
+    status
+}
 
 /// Replication flags of `cursorlog serve`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -165,16 +193,17 @@ pub async fn start(args: &ServeArgs, config: Config) -> Result<Option<Replicated
 /// The `UNAVAILABLE` answer for a read or write this node cannot serve, naming the leader.
 pub fn unavailable(outcome: &Proposed) -> Status {
     match outcome {
-        Proposed::NotLeader { leader } => with_leader(
+        Proposed::NotLeader { leader } => retry_is(with_leader(
             Status::unavailable(match leader {
                 Some(l) => format!("this node is not the leader: the leader is at {l}; retry there"),
                 None => "this node is not the leader and knows of none (an election is under way, or this node is cut off): retry shortly or on another member".into(),
             }),
             leader.as_deref(),
+        ), Retry::Safe),
+        Proposed::Unknown(why) | Proposed::Refused(why) => retry_is(
+            Status::unavailable(format!("the cluster did not answer ({why}); retry")),
+            Retry::OutcomeUnknown,
         ),
-        Proposed::Unknown(why) | Proposed::Refused(why) => {
-            Status::unavailable(format!("the cluster did not answer ({why}); retry"))
-        }
         Proposed::Applied => Status::internal("an applied read reported as a failure"),
     }
 }
@@ -243,6 +272,7 @@ mod tests {
             "127.0.0.1:7002"
         );
         assert!(s.message().contains("127.0.0.1:7002"));
+        assert_eq!(s.metadata().get(RETRY_HEADER).unwrap(), "safe");
         let none = unavailable(&Proposed::NotLeader { leader: None });
         assert!(none.metadata().get(LEADER_HEADER).is_none());
     }

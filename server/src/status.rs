@@ -35,7 +35,13 @@ pub fn from_engine(err: &Error) -> Status {
     }
     let status = Status::new(code, message);
     match err {
-        Error::NotLeader { leader } => crate::cluster::with_leader(status, leader.as_deref()),
+        Error::NotLeader { leader } => crate::cluster::retry_is(
+            crate::cluster::with_leader(status, leader.as_deref()),
+            crate::cluster::Retry::Safe,
+        ),
+        Error::NotConfirmed(_) => {
+            crate::cluster::retry_is(status, crate::cluster::Retry::OutcomeUnknown)
+        }
         _ => status,
     }
 }
