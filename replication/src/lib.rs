@@ -20,6 +20,7 @@
 //! openraft is pinned exactly (`=0.10.0-alpha.37`, see Cargo.toml): its 0.10 API still
 //! changes between alphas.
 
+pub mod admin;
 pub mod codec;
 pub mod log_store;
 pub mod network;
@@ -28,6 +29,7 @@ pub mod service;
 pub mod state_machine;
 pub mod types;
 
+pub use admin::AdminService;
 pub use log_store::SegmentLogStore;
 pub use network::{ClientOptions, NetworkClient, NetworkFactory, OptionsError};
 pub use node::{NodeOptions, NodeStatus, RaftProposer, ReplicatedNode, StartError};

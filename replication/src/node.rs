@@ -92,8 +92,10 @@ pub struct NodeStatus {
     pub committed: Option<u64>,
     /// Per follower (on the leader): how many entries it is behind the leader's last.
     pub lag: BTreeMap<NodeId, u64>,
-    /// The voters.
-    pub voters: Vec<NodeId>,
+    /// The voters, with their addresses.
+    pub voters: BTreeMap<NodeId, String>,
+    /// The learners (receiving the log, not voting), with their addresses.
+    pub learners: BTreeMap<NodeId, String>,
 }
 
 impl ReplicatedNode {
@@ -212,7 +214,11 @@ impl ReplicatedNode {
             last_applied: m.last_applied.map(|l| l.index),
             committed: m.local_committed.map(|l| l.index),
             lag,
-            voters: m.membership_config.voter_ids().collect(),
+            voters: addresses(&m.membership_config, m.membership_config.voter_ids()),
+            learners: addresses(
+                &m.membership_config,
+                m.membership_config.membership().learner_ids(),
+            ),
         }
     }
 
@@ -229,6 +235,21 @@ impl ReplicatedNode {
             .await
             .map_err(|e| cursorlog_engine::Error::Internal(e.to_string()))?
     }
+}
+
+/// `ids` with their addresses in `membership`.
+fn addresses(
+    membership: &openraft::type_config::alias::StoredMembershipOf<crate::types::TypeConfig>,
+    ids: impl Iterator<Item = NodeId>,
+) -> BTreeMap<NodeId, String> {
+    ids.map(|id| {
+        let addr = membership
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+            .unwrap_or_default();
+        (id, addr)
+    })
+    .collect()
 }
 
 /// The engine's [`Proposer`] over openraft.

@@ -23,6 +23,7 @@ mod append_stream;
 mod args;
 mod auth;
 mod cluster;
+mod cluster_cli;
 mod connections;
 mod convert;
 mod exposure;
@@ -79,6 +80,9 @@ enum Command {
         #[arg(long, requires = "repair")]
         accept_loss: bool,
     },
+    /// Operate a replicated cluster: status, add-learner, promote, remove.
+    #[command(subcommand)]
+    Cluster(cluster_cli::ClusterCommand),
     /// Print the sessions, streams and segments of a data directory. Opens the directory like
     /// the server does (recovery may truncate a torn tail), so it must not be in use.
     Inspect {
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
             accept_loss,
         }) => admin::repair(&dir, accept_loss),
         Some(Command::Inspect { dir }) => admin::inspect(&dir),
+        Some(Command::Cluster(command)) => cluster_cli::run(command),
     }
 }
 

@@ -354,6 +354,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             check.clone(),
         )
     });
+    let admin = node.as_ref().map(|node| {
+        InterceptedService::new(
+            cursorlog_replication::AdminService::new(node.clone()).into_server(),
+            check.clone(),
+        )
+    });
     let cursorlog = InterceptedService::new(cursorlog, check);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     set_health(&health_reporter, ServingStatus::Serving).await;
@@ -389,6 +395,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .add_service(reflection_v1alpha)
         .add_service(cursorlog)
         .add_optional_service(raft)
+        .add_optional_service(admin)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop_accepting.wait_for(|down| *down).await;
         });
