@@ -35,7 +35,7 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::read_slots::ReadSlots;
 
-pub use values::connections;
+pub use values::{connections, raft};
 
 /// The `Content-Type` of the page.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;

@@ -301,6 +301,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         Duration::from_secs(args.handshake_timeout_secs),
     );
     metrics.register_collector(metrics::connections(Arc::clone(&conns)));
+    if let Some(node) = &node {
+        metrics.register_collector(metrics::raft(node.clone()));
+    }
     let metrics_task = match args.metrics_listen {
         Some(addr) => {
             let l = TcpListener::bind(addr)

@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use cursorlog_tests::{event, pb, read_all, read_request, run_tool, Server, Start};
+use cursorlog_tests::{
+    event, http_get, metric, pb, read_all, read_request, run_tool, Server, Start,
+};
 use pb::cursor_log_client::CursorLogClient;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -39,6 +41,8 @@ fn start(id: usize, addrs: &[String], dir: &std::path::Path) -> Server {
             "500",
             "--heartbeat-ms",
             "50",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ],
         ..Start::default()
     })
@@ -164,6 +168,28 @@ async fn members_join_get_promoted_and_leave_under_load_without_losing_an_event(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(leader_rows(&status).len(), 1, "{status}");
+    // Each member's metrics say who leads, in which term, and (on the leader) the lag.
+    let pages: Vec<String> = servers
+        .iter()
+        .map(|s| http_get(s.metrics_addr.unwrap(), &[]))
+        .collect();
+    let leaders: u64 = pages
+        .iter()
+        .map(|p| metric(p, "cursorlog_raft_is_leader").unwrap())
+        .sum();
+    assert_eq!(leaders, 1, "{pages:#?}");
+    let leader_page = pages
+        .iter()
+        .find(|p| metric(p, "cursorlog_raft_is_leader") == Some(1))
+        .unwrap();
+    assert!(metric(leader_page, "cursorlog_raft_term").unwrap() >= 1);
+    assert_eq!(
+        leader_page
+            .matches("cursorlog_raft_follower_lag_entries{node=")
+            .count(),
+        2,
+        "{leader_page}"
+    );
 
     let load = tokio::spawn(writer(founding.clone(), 60));
     servers.push(start(4, &addrs, dirs[3].path()));

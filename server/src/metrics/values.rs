@@ -12,6 +12,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
+use cursorlog_replication::{NodeStatus, ReplicatedNode};
+
 use crate::connections::Connections;
 use crate::read_slots::ReadSlots;
 
@@ -96,6 +98,8 @@ pub(super) fn names() -> impl Iterator<Item = &'static str> {
         .iter()
         .map(|r| r.name)
         .chain(CONNECTIONS.iter().map(|r| r.name))
+        .chain(RAFT.iter().map(|r| r.name))
+        .chain(std::iter::once(RAFT_LAG))
 }
 
 /// What one scrape reads from the engine and the Read slots.
@@ -353,5 +357,83 @@ const CONNECTIONS: &[Row<Arc<Connections>>] = &[
         "cursorlog_accept_failures_total",
         "Failed accepts (out of descriptors, ...), each followed by a pause.",
         |c| Some(c.accept_failures()),
+    ),
+];
+
+/// A replicated member's view of the cluster, taken at each scrape (issue 19 item 5).
+struct RaftValues(ReplicatedNode);
+
+/// The collector of a cluster member's `cursorlog_raft_*` metrics.
+pub fn raft(node: ReplicatedNode) -> impl Collector {
+    RaftValues(node)
+}
+
+impl fmt::Debug for RaftValues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RaftValues")
+    }
+}
+
+impl Collector for RaftValues {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let status = self.0.status();
+        encode_rows(&mut encoder, RAFT, &status)?;
+        let mut family = encoder.encode_descriptor(
+            RAFT_LAG,
+            "On the leader: entries each other member is behind the leader's last entry.",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (node, lag) in &status.lag {
+            let labels = [("node", node.to_string())];
+            ConstGauge::new(*lag).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The per-member lag family (labelled by `node`).
+const RAFT_LAG: &str = "cursorlog_raft_follower_lag_entries";
+
+const RAFT: &[Row<NodeStatus>] = &[
+    gauge(
+        "cursorlog_raft_node_id",
+        "This member's id (--node-id).",
+        |s| Some(s.id),
+    ),
+    gauge(
+        "cursorlog_raft_is_leader",
+        "1 while this member is the leader, else 0.",
+        |s| Some(u64::from(s.role == "leader")),
+    ),
+    gauge(
+        "cursorlog_raft_term",
+        "The current Raft term (it grows by one or more with each election).",
+        |s| Some(s.term),
+    ),
+    gauge(
+        "cursorlog_raft_leader_id",
+        "The leader this member knows of (0: none, an election is under way).",
+        |s| Some(s.leader.as_ref().map_or(0, |(id, _)| *id)),
+    ),
+    gauge(
+        "cursorlog_raft_last_log_index",
+        "The index of this member's last log entry (Raft's, from 0).",
+        |s| s.last_log_index,
+    ),
+    gauge(
+        "cursorlog_raft_committed_index",
+        "The last entry this member knows is committed.",
+        |s| s.committed,
+    ),
+    gauge(
+        "cursorlog_raft_applied_index",
+        "The last entry this member applied to its index (what its reads serve).",
+        |s| s.last_applied,
+    ),
+    gauge(
+        "cursorlog_raft_voters",
+        "Voters in the membership this member holds.",
+        |s| Some(s.voters.len() as u64),
     ),
 ];
