@@ -12,11 +12,14 @@
 //! (the answer was lost, not refused) is retried: items already written answer
 //! `duplicate = true` with their original ids, the rest are written once. A stream open
 //! (`open` item) has no such key: a retry could open a second stream, so the opens of a call
-//! that failed in transit fail at once and only its other items are retried.
+//! that failed in transit fail at once and only its other items are retried (the session's
+//! store then reconciles the open by its correlation). Items a member refused because it is
+//! not the leader (nothing proposed) are all resent, to the leader it names; see
+//! [`crate::failover`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use cursorlog_proto::v1 as pb;
 use pb::batch_item::Item;
@@ -25,6 +28,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tonic::Code;
 
 use crate::error::{Error, Result};
+use crate::failover::{item_refusal, refusal, Attempts, Next, Op};
 use crate::Client;
 
 /// How the appender batches; see the module docs.
@@ -39,8 +43,9 @@ pub struct BatchConfig {
     /// Most payload bytes in one call, well below cursorlog's gRPC message limit (16 MiB by
     /// default). A single larger write still goes out, alone.
     pub max_bytes: usize,
-    /// How often a call that failed in transit (`UNAVAILABLE`, `UNKNOWN`) is retried before
-    /// its writes fail.
+    /// How often a call that failed in transit (`UNAVAILABLE`, `UNKNOWN`) is retried at least
+    /// before its writes fail (a cluster connection keeps retrying until its
+    /// [`crate::Failover::deadline`]).
     pub retries: u32,
     /// Open each request stream as an `open` item of the shared `AppendBatch` (one durable
     /// write shared with every session's appends) rather than with its own unary
@@ -75,6 +80,15 @@ impl Write {
             Self::Open(_) => 0,
             Self::Append(a) => a.events.iter().map(|e| e.payload.len()).sum(),
             Self::Complete(c) => c.terminal.as_ref().map_or(0, |t| t.payload.len()),
+        }
+    }
+
+    /// How a resend of this write is judged (see [`crate::failover`]).
+    fn kind(&self) -> Op {
+        match self {
+            Self::Open(_) => Op::Open,
+            Self::Append(a) => Op::Keyed(a.expected_next_seq.is_some()),
+            Self::Complete(c) => Op::Keyed(c.expected_next_seq.is_some()),
         }
     }
 
@@ -212,73 +226,98 @@ async fn run(
     }
 }
 
-/// Whether a failed call may not have reached cursorlog's decision (so a retry is safe and
-/// may succeed), as opposed to a refusal that a retry would only repeat.
-fn in_transit(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::Unknown)
-}
-
 async fn send(
-    mut client: Client,
+    conn: Client,
     mut jobs: Vec<Job>,
     retries: u32,
     counters: Arc<Counters>,
     _slot: OwnedSemaphorePermit,
 ) {
+    let mut attempts = Attempts::new(Instant::now());
     let mut attempt = 0;
-    let answer = loop {
+    loop {
+        let (member, mut client) = conn.current();
         let request = pb::AppendBatchRequest {
             items: jobs.iter().map(|j| j.write.item()).collect(),
         };
+        // The writes to send again, each with the error it fails with if they are not.
+        let mut again: Vec<(Job, Error)> = Vec::new();
+        let mut leader = None;
         match client.append_batch(request).await {
-            Ok(r) => break Ok(r.into_inner().results),
-            Err(status) if in_transit(status.code()) && attempt < retries => {
-                // Opens are not idempotent: they fail now; the rest is retried.
-                let (opens, rest): (Vec<Job>, Vec<Job>) = jobs
-                    .into_iter()
-                    .partition(|j| matches!(j.write, Write::Open(_)));
-                for job in opens {
-                    let _ = job.reply.send(Err(Error::Rpc {
-                        op: job.write.op(),
-                        status: status.clone(),
-                    }));
-                }
-                jobs = rest;
-                if jobs.is_empty() {
+            Ok(r) => {
+                let results = r.into_inner().results;
+                if results.len() != jobs.len() {
+                    let n = jobs.len();
+                    for job in jobs {
+                        let _ = job.reply.send(Err(Error::Protocol(format!(
+                            "AppendBatch answered {} results for {n} items",
+                            results.len()
+                        ))));
+                    }
                     return;
                 }
-                attempt += 1;
-                counters.retries.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(attempt, error = %status, "cursorlog: AppendBatch failed in transit; retrying");
-                tokio::time::sleep(Duration::from_millis(50) * 2_u32.pow(attempt - 1)).await;
+                for (job, result) in jobs.into_iter().zip(results) {
+                    let refused = match &result.result {
+                        Some(BatchOutcome::Failure(f)) => item_refusal(f),
+                        _ => None,
+                    };
+                    let op = job.write.op();
+                    match refused {
+                        Some(r) if job.write.kind().may_retry(r.retry) => {
+                            leader = leader.or(r.leader);
+                            again.push((
+                                job,
+                                outcome(op, result).err().unwrap_or_else(|| {
+                                    Error::Protocol("a refused item without its failure".into())
+                                }),
+                            ));
+                        }
+                        _ => {
+                            let _ = job.reply.send(outcome(op, result));
+                        }
+                    }
+                }
             }
-            Err(status) => break Err(status),
-        }
-    };
-    match answer {
-        Ok(results) if results.len() == jobs.len() => {
-            for (job, result) in jobs.into_iter().zip(results) {
-                let op = job.write.op();
-                let _ = job.reply.send(outcome(op, result));
+            Err(status) => {
+                let refused = refusal(&status);
+                for job in jobs {
+                    let error = Error::Rpc {
+                        op: job.write.op(),
+                        status: status.clone(),
+                    };
+                    match &refused {
+                        // Opens whose outcome is unknown fail now (a resend could open a
+                        // second stream); the rest is resent.
+                        Some(r) if job.write.kind().may_retry(r.retry) => again.push((job, error)),
+                        _ => {
+                            let _ = job.reply.send(Err(error));
+                        }
+                    }
+                }
+                leader = refused.and_then(|r| r.leader);
             }
         }
-        Ok(results) => {
-            let n = jobs.len();
-            for job in jobs {
-                let _ = job.reply.send(Err(Error::Protocol(format!(
-                    "AppendBatch answered {} results for {n} items",
-                    results.len()
-                ))));
-            }
+        if again.is_empty() {
+            return;
         }
-        Err(status) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(Error::Rpc {
-                    op: job.write.op(),
-                    status: status.clone(),
-                }));
+        let next = attempts.next(
+            conn.policy(),
+            leader.as_deref(),
+            &member,
+            Instant::now(),
+            attempt < retries,
+        );
+        if next == Next::GiveUp {
+            for (job, error) in again {
+                let _ = job.reply.send(Err(error));
             }
+            return;
         }
+        attempt += 1;
+        counters.retries.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(attempt, member, ?next, error = %again[0].1, "cursorlog: AppendBatch refused or failed in transit; retrying");
+        conn.step(&member, &next).await;
+        jobs = again.into_iter().map(|(job, _)| job).collect();
     }
 }
 

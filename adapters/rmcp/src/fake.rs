@@ -52,7 +52,11 @@ pub(crate) async fn start(fake: Arc<Fake>) -> Client {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("endpoint")
         .connect_lazy();
-    pb::cursor_log_client::CursorLogClient::with_interceptor(channel, BearerToken::default())
+    Client::from_channel(
+        channel,
+        BearerToken::default(),
+        crate::failover::Failover::no_wait(),
+    )
 }
 
 type Stream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;

@@ -27,6 +27,7 @@ pub mod appender;
 pub mod error;
 pub mod event_id;
 mod facts;
+pub mod failover;
 #[cfg(test)]
 mod fake;
 pub mod replay;
@@ -47,14 +48,18 @@ use tonic::transport::{Channel, Endpoint};
 
 pub use appender::{AppendStats, BatchConfig};
 pub use error::{Error, Result};
+pub use failover::Failover;
 pub use replay::{OnEvicted, GAP_LOGGER, PRODUCER_ABORTED, RESUME_DISCONTINUITY};
 pub use session::CursorlogSessionManager;
 pub use session_store::CursorlogSessionStore;
 pub use stateless::StatelessEventStore;
 pub use store::SessionEventStore;
 
-/// The gRPC client the adapter uses (cheap to clone: one HTTP/2 channel).
-pub(crate) type Client = CursorLogClient<InterceptedService<Channel, BearerToken>>;
+/// The gRPC client of one cursorlog member (cheap to clone: one HTTP/2 channel).
+pub(crate) type RawClient = CursorLogClient<InterceptedService<Channel, BearerToken>>;
+
+/// The adapter's connection: every call goes to the leader; see [`failover`].
+pub(crate) type Client = failover::Conn;
 
 /// Adds `authorization: Bearer <token>` to every call when cursorlog requires a token
 /// (`cursorlog serve --auth-token`).
@@ -76,7 +81,7 @@ impl Interceptor for BearerToken {
 }
 
 /// How long [`Cursorlog::connect`] waits for cursorlog to answer.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings of the adapter. The defaults suit a replica behind a load balancer.
 #[derive(Debug, Clone)]
@@ -171,8 +176,15 @@ impl Shared {
 /// A connection to cursorlog, from which the rmcp session manager and session store are made.
 #[derive(Debug, Clone)]
 pub struct Cursorlog {
-    channel: Channel,
+    /// A channel built by the caller (`from_channel`), or the first endpoint's, connected.
+    channel: Option<Channel>,
+    /// The members' endpoints (empty with `from_channel`).
+    endpoints: Vec<String>,
     token: BearerToken,
+    failover: Failover,
+    /// The connection every manager and store made from this shares (one leader, one
+    /// channel per member), made on first use.
+    conn: std::sync::OnceLock<Client>,
 }
 
 impl Cursorlog {
@@ -192,14 +204,83 @@ impl Cursorlog {
             .connect()
             .await
             .map_err(connect)?;
-        Ok(Self::from_channel(channel))
+        Ok(Self {
+            channel: Some(channel),
+            endpoints: vec![endpoint],
+            token: BearerToken::default(),
+            failover: Failover::no_wait(),
+            conn: std::sync::OnceLock::new(),
+        })
     }
 
-    /// Uses an existing channel (for TLS or custom settings).
+    /// Uses the members of a replicated cursorlog (`cursorlog serve --node-id … --peers …`),
+    /// e.g. `["http://10.0.0.1:7001", "http://10.0.0.2:7001", "http://10.0.0.3:7001"]`
+    /// (any subset; leader hints name the others). Every call goes to the member that
+    /// leads; on a leader change calls follow the new leader's hint or, without one, back
+    /// off and try the next address ([`Failover::default`]: 50–400 ms, for up to 10 s). Each
+    /// is dialled on first use, so this does not wait for any member.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] if `endpoints` is empty; [`Error::Connect`] if one is not a URI.
+    pub fn connect_cluster<I, S>(endpoints: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
+        if endpoints.is_empty() {
+            return Err(Error::Protocol("no cursorlog endpoint given".into()));
+        }
+        for e in &endpoints {
+            Endpoint::from_shared(e.clone()).map_err(|source| Error::Connect {
+                endpoint: e.clone(),
+                source,
+            })?;
+        }
+        Ok(Self {
+            channel: None,
+            endpoints,
+            token: BearerToken::default(),
+            failover: Failover::default(),
+            conn: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// [`Cursorlog::connect_cluster`] on a comma-separated list (`CURSORLOG_ENDPOINTS` style:
+    /// `http://a:7001,http://b:7001,http://c:7001`); one address behaves as [`Cursorlog::connect`]
+    /// except that nothing is dialled before the first call.
+    ///
+    /// # Errors
+    /// As [`Cursorlog::connect_cluster`].
+    pub fn connect_list(endpoints: &str) -> Result<Self> {
+        Self::connect_cluster(
+            endpoints
+                .split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(str::to_owned),
+        )
+    }
+
+    /// Uses an existing channel (for TLS or custom settings). Leader hints cannot be dialled
+    /// from it: calls are resent on this channel only.
     pub fn from_channel(channel: Channel) -> Self {
         Self {
-            channel,
+            channel: Some(channel),
+            endpoints: Vec::new(),
             token: BearerToken::default(),
+            failover: Failover::no_wait(),
+            conn: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// How calls ride out a leader change (see [`Failover`]); replaces the default of the
+    /// constructor ([`Cursorlog::connect`] and [`Cursorlog::from_channel`] do not wait).
+    pub fn with_failover(self, failover: Failover) -> Self {
+        Self {
+            failover,
+            conn: std::sync::OnceLock::new(),
+            ..self
         }
     }
 
@@ -214,12 +295,31 @@ impl Cursorlog {
             .map_err(|_| Error::Protocol("the bearer token must be visible ASCII".into()))?;
         Ok(Self {
             token: BearerToken(Some(value)),
+            conn: std::sync::OnceLock::new(),
             ..self
         })
     }
 
     fn client(&self) -> Client {
-        CursorLogClient::with_interceptor(self.channel.clone(), self.token.clone())
+        self.conn.get_or_init(|| self.new_client()).clone()
+    }
+
+    fn new_client(&self) -> Client {
+        if self.endpoints.is_empty() {
+            if let Some(channel) = &self.channel {
+                return failover::Conn::from_channel(
+                    channel.clone(),
+                    self.token.clone(),
+                    self.failover,
+                );
+            }
+        }
+        failover::Conn::to_members(
+            &self.endpoints,
+            self.channel.clone(),
+            self.token.clone(),
+            self.failover,
+        )
     }
 
     /// The rmcp session manager: sessions in process, their events in cursorlog. Must be

@@ -94,30 +94,10 @@ pub(crate) async fn resume(
     last_event_id: &str,
 ) -> Result<EventStream> {
     let id = EventId::parse(last_event_id);
-    let mut reader = shared
-        .client
-        .clone()
-        .read(pb::ReadRequest {
-            session: session.to_owned(),
-            last_event_id: id.cursor.clone(),
-            declared_stream: None,
-            follow: true,
-            batch_events_max: 0,
-            resume_own_stream: true,
-        })
+    let (reader, resolution) = read_from(&shared, session, &id.cursor)
         .await
-        .map_err(Error::rpc("Read"))?
-        .into_inner();
-    let resolution = match reader.message().await.map_err(Error::rpc("Read"))? {
-        Some(pb::ReadResponse {
-            item: Some(Item::Resolution(r)),
-        }) => r,
-        other => {
-            return Err(Error::Protocol(format!(
-                "Read did not start with a resolution: {other:?}"
-            )))
-        }
-    };
+        .map_err(Error::rpc("Read"))?;
+    let resolution = resolution?;
     let verdict = resolution.verdict();
     // The stored request id is authoritative; the client's own claim is the fallback for
     // cursors cursorlog will not explain.
@@ -149,7 +129,10 @@ pub(crate) async fn resume(
             .cursor
             .as_ref()
             .map(|c| shared.closers.subscribe(c.stream));
-        tokio::spawn(deliver(reader, out, resolution, closer, shared.sse_retry));
+        let session = session.to_owned();
+        tokio::spawn(
+            async move { deliver(shared, session, reader, out, resolution, closer).await },
+        );
     } else {
         match verdict {
             pb::Verdict::StreamTerminated => {
@@ -165,6 +148,36 @@ pub(crate) async fn resume(
         }
     }
     Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// Opens `Read(follow)` after `cursor` on the leader: the reader and its resolution (an
+/// error if the first message is not one).
+async fn read_from(
+    shared: &Shared,
+    session: &str,
+    cursor: &str,
+) -> std::result::Result<(tonic::Streaming<pb::ReadResponse>, Result<pb::Resolution>), tonic::Status>
+{
+    let (reader, first) = shared
+        .client
+        .read_resolved(pb::ReadRequest {
+            session: session.to_owned(),
+            last_event_id: cursor.to_owned(),
+            declared_stream: None,
+            follow: true,
+            batch_events_max: 0,
+            resume_own_stream: true,
+        })
+        .await?;
+    let resolution = match first {
+        Some(pb::ReadResponse {
+            item: Some(Item::Resolution(r)),
+        }) => Ok(r),
+        other => Err(Error::Protocol(format!(
+            "Read did not start with a resolution: {other:?}"
+        ))),
+    };
+    Ok((reader, resolution))
 }
 
 fn log_verdict(session: &str, last_event_id: &str, r: &pb::Resolution) {
@@ -319,13 +332,18 @@ impl Out {
 /// RESUMABLE, STREAM_TERMINATED with missed frames, CURSOR_EVICTED: priming, then replay and
 /// follow until the stream ends. A request stream that ends without its response (producer
 /// crashed, lease expired, epoch advanced) gets the aborted error.
+///
+/// A read that breaks (the member serving it died or stopped leading) is opened again on the
+/// leader after the last event delivered, so the client sees every event once, without a gap.
 async fn deliver(
+    shared: Arc<Shared>,
+    session: String,
     mut reader: tonic::Streaming<pb::ReadResponse>,
     out: Out,
     r: pb::Resolution,
     mut closer: Option<broadcast::Receiver<Close>>,
-    retry: Duration,
 ) {
+    let retry = shared.sse_retry;
     let Some(cursor) = r.cursor else {
         tracing::error!(cursor = %out.cursor, "cursorlog: a delivering verdict without its cursor");
         return;
@@ -335,6 +353,8 @@ async fn deliver(
     }
     let mut position = out.cursor.clone();
     let mut answered = false;
+    // Reads opened again in a row without delivering anything.
+    let mut reopened = 0;
     loop {
         let next = tokio::select! {
             next = reader.message() => next,
@@ -352,11 +372,28 @@ async fn deliver(
                 return;
             }
             Err(status) => {
-                // The client reconnects with its last event id; nothing is lost.
-                tracing::warn!(cursor = %out.cursor, error = %status, "cursorlog: read failed");
+                reopened += 1;
+                tracing::warn!(cursor = %out.cursor, %position, error = %status, "cursorlog: read broke; reading on from the leader");
+                match reread(&shared, &session, &position, reopened).await {
+                    Reread::Continue(next) => {
+                        reader = *next;
+                        continue;
+                    }
+                    Reread::Ended(state) => {
+                        if !answered && out.request.is_some() && state != pb::StreamState::Completed
+                        {
+                            let mut f = facts(&r, &out.cursor, aborted_reason(state));
+                            f["state"] = json!(state_name(state));
+                            out.aborted(state, None, f).await;
+                        }
+                    }
+                    // The client reconnects with its last event id; nothing is lost.
+                    Reread::Stop => {}
+                }
                 return;
             }
         };
+        reopened = 0;
         match item {
             Item::Events(batch) => {
                 for e in &batch.events {
@@ -395,6 +432,56 @@ async fn deliver(
                 tracing::error!("cursorlog: a second resolution in one Read");
                 return;
             }
+        }
+    }
+}
+
+/// Reads opened again in a row, without an event between them, before the delivery stops
+/// (the client then reconnects with its last event id).
+const REREADS_MAX: u32 = 5;
+
+/// What opening a broken read again gave.
+enum Reread {
+    /// Events after the position follow on this reader.
+    Continue(Box<tonic::Streaming<pb::ReadResponse>>),
+    /// The stream ended at the position, in this state: nothing more to deliver.
+    Ended(pb::StreamState),
+    /// Cannot go on here.
+    Stop,
+}
+
+/// Opens `Read(follow)` again after `position` (the last event delivered) on the leader.
+async fn reread(shared: &Arc<Shared>, session: &str, position: &str, attempt: u32) -> Reread {
+    if attempt > REREADS_MAX {
+        return Reread::Stop;
+    }
+    let (reader, resolution) = match read_from(shared, session, position).await {
+        Ok((reader, Ok(r))) => (reader, r),
+        Ok((_, Err(e))) => {
+            tracing::error!(position, error = %e, "cursorlog: read again failed");
+            return Reread::Stop;
+        }
+        Err(status) => {
+            tracing::warn!(position, error = %status, "cursorlog: no leader to read on from");
+            return Reread::Stop;
+        }
+    };
+    match resolution.verdict() {
+        pb::Verdict::Resumable => Reread::Continue(Box::new(reader)),
+        pb::Verdict::StreamTerminated if resolution.missed_terminal_frame => {
+            Reread::Continue(Box::new(reader))
+        }
+        pb::Verdict::CursorEvicted if shared.on_evicted == OnEvicted::MarkGap => {
+            Reread::Continue(Box::new(reader))
+        }
+        pb::Verdict::StreamTerminated => Reread::Ended(resolution.stream_state()),
+        other => {
+            tracing::warn!(
+                position,
+                verdict = other.as_str_name(),
+                "cursorlog: read again gave another verdict; stopping"
+            );
+            Reread::Stop
         }
     }
 }

@@ -103,7 +103,7 @@ impl CursorlogSessionStore {
 
 /// Expires `session` in cursorlog (its open streams are aborted, its cursors answer
 /// UNKNOWN_SESSION); an unknown or already expired session is fine.
-pub(crate) async fn expire_session(mut client: Client, session: &str) -> Result<()> {
+pub(crate) async fn expire_session(client: Client, session: &str) -> Result<()> {
     match client
         .expire_session(pb::ExpireSessionRequest {
             session: session.to_owned(),

@@ -65,7 +65,7 @@ impl StatelessEventStore {
         }
         let token = uuid::Uuid::new_v4().simple().to_string();
         let session = format!("{SESSION_PREFIX}{token}");
-        let mut client = self.inner.shared.client.clone();
+        let client = self.inner.shared.client.clone();
         let epoch = client
             .open_session(pb::OpenSessionRequest {
                 session: session.clone(),

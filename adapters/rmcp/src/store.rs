@@ -321,6 +321,14 @@ impl SessionEventStore {
             };
             match opened {
                 Ok(o) => return Ok(o),
+                // Refused with its outcome unknown (a leader change while it was in flight):
+                // the stream may exist. Take it if it does; a second open could make two.
+                Err(e) if matches!(e.code(), Some(Code::Unavailable | Code::Unknown)) => {
+                    return match self.find_opened(request, epoch).await {
+                        Some(o) => Ok(o),
+                        None => Err(e),
+                    };
+                }
                 // The epoch moved on (or the cached one predates a restart): ask once.
                 Err(e) if e.code() == Some(Code::FailedPrecondition) && !refreshed => {
                     epoch = self.epoch(true).await?;
@@ -329,6 +337,53 @@ impl SessionEventStore {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The stream an open whose outcome is unknown created, if it did: the session's open,
+    /// still empty stream answering `request` (a JSON-RPC id is unique in its session), asked
+    /// of the leader, which has decided every entry of earlier terms before it answers.
+    async fn find_opened(
+        &self,
+        request: Option<&RequestId>,
+        epoch: u64,
+    ) -> Option<pb::OpenStreamResponse> {
+        let correlation = event_id::correlation(request?);
+        let client = &self.inner.shared.client;
+        let found = client
+            .get_outcome(pb::GetOutcomeRequest {
+                session: self.inner.session.clone(),
+                correlation: correlation.clone(),
+                stream: None,
+            })
+            .await
+            .ok()?
+            .into_inner();
+        let outcome = found
+            .outcome
+            .filter(|o| found.found && o.epoch == epoch && o.state() == pb::StreamState::Open)?;
+        let start = format!("{epoch}-{}-0", outcome.stream);
+        let head = client
+            .resolve(pb::ResolveRequest {
+                session: self.inner.session.clone(),
+                last_event_id: start.clone(),
+                declared_stream: None,
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .head
+            .unwrap_or_default();
+        tracing::info!(
+            stream = outcome.stream,
+            correlation,
+            head,
+            "cursorlog: an open whose outcome was unknown had taken effect"
+        );
+        (head == 0).then_some(pb::OpenStreamResponse {
+            stream: outcome.stream,
+            epoch,
+            start_event_id: start,
+        })
     }
 
     async fn write(&self, stream_id: &str, event: &ServerSseMessage) -> Result<String> {

@@ -28,8 +28,13 @@ struct Args {
     /// Address to listen on; port 0 picks a free one. The bound URL is printed on stdout.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// cursorlog's gRPC endpoint.
-    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    /// cursorlog's gRPC endpoint; for a replicated cursorlog, its members comma-separated
+    /// (`http://a:7001,http://b:7001,http://c:7001`): calls follow the leader.
+    #[arg(
+        long,
+        env = "CURSORLOG_ENDPOINTS",
+        default_value = "http://127.0.0.1:50051"
+    )]
     cursorlog: String,
     /// Bearer token, when cursorlog runs with `--auth-token`.
     #[arg(long, env = "CURSORLOG_AUTH_TOKEN")]
@@ -159,7 +164,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let mut cursorlog = Cursorlog::connect(args.cursorlog.clone()).await?;
+    let mut cursorlog = if args.cursorlog.contains(',') {
+        Cursorlog::connect_list(&args.cursorlog)?
+    } else {
+        Cursorlog::connect(args.cursorlog.clone()).await?
+    };
     if let Some(token) = &args.cursorlog_token {
         cursorlog = cursorlog.with_token(token)?;
     }

@@ -49,6 +49,18 @@ impl Replica {
         token: Option<&str>,
         extra: &[&str],
     ) -> Self {
+        let endpoint = format!("http://{}", cursorlog.addr);
+        Self::start_on(&endpoint, exec_log, lease_ms, token, extra)
+    }
+
+    /// A replica on `endpoints`: one cursorlog endpoint, or a cluster's comma-separated.
+    pub fn start_on(
+        endpoints: &str,
+        exec_log: &Path,
+        lease_ms: u64,
+        token: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_cursorlog-rmcp-demo"));
         command.args(extra);
         command.env_remove("CURSORLOG_AUTH_TOKEN");
@@ -58,7 +70,7 @@ impl Replica {
         let mut child = command
             .args(["--listen", "127.0.0.1:0", "--sse-retry-ms", "200"])
             .arg("--cursorlog")
-            .arg(format!("http://{}", cursorlog.addr))
+            .arg(endpoints)
             .arg("--exec-log")
             .arg(exec_log)
             .arg("--lease-ms")

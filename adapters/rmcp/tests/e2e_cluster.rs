@@ -1,0 +1,214 @@
+//! End to end on a replicated cursorlog (issue 19 item 6): three real `cursorlog serve
+//! --node-id … --peers …` processes, demo replicas given all three addresses, rmcp's own
+//! client. The cursorlog leader is SIGKILLed in the middle of a streaming tool call; the MCP
+//! client still gets every progress notification exactly once, in order, and the result.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod harness;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cursorlog_tests::Start;
+use harness::{
+    call_countdown, connect, countdown_stream, executions, expected_progress, pb, Proxy, Replica,
+    Server,
+};
+use tonic::Code;
+
+/// The bound of one wait (elections on a loaded 2-core machine included).
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A free loopback port (bound, then released for the server to bind).
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// Three cursorlog members with short election timings, and an execution log for replicas.
+struct Members {
+    addrs: Vec<String>,
+    nodes: Vec<Option<Server>>,
+    _dirs: Vec<tempfile::TempDir>,
+    log: PathBuf,
+    _log_dir: tempfile::TempDir,
+}
+
+impl Members {
+    fn start() -> Self {
+        let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let peers = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = (0..3)
+            .map(|i| {
+                let id = (i + 1).to_string();
+                Some(Server::start_with(Start {
+                    data_dir: Some(dirs[i].path()),
+                    listen: Some(&addrs[i]),
+                    args: &[
+                        "--node-id",
+                        &id,
+                        "--peers",
+                        &peers,
+                        "--election-timeout-ms",
+                        "300",
+                        "--heartbeat-ms",
+                        "50",
+                    ],
+                    ..Start::default()
+                }))
+            })
+            .collect();
+        let log_dir = tempfile::tempdir().unwrap();
+        Self {
+            addrs,
+            nodes,
+            _dirs: dirs,
+            log: log_dir.path().join("exec.log"),
+            _log_dir: log_dir,
+        }
+    }
+
+    /// What a replica is given: every member, comma-separated.
+    fn endpoints(&self) -> String {
+        self.addrs
+            .iter()
+            .map(|a| format!("http://{a}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The member that leads now: the live one that accepts an idempotent write. Polls the
+    /// members until one does (an election may be under way), within [`WAIT`].
+    async fn leader(&self) -> usize {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            for (i, node) in self.nodes.iter().enumerate() {
+                let Some(node) = node else { continue };
+                let opened = node
+                    .client()
+                    .await
+                    .open_session(pb::OpenSessionRequest {
+                        session: "leader-probe".into(),
+                        state: None,
+                    })
+                    .await;
+                match opened {
+                    Ok(_) => return i,
+                    Err(s) => assert_eq!(s.code(), Code::Unavailable, "{s:?}"),
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader within {WAIT:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL member `i`.
+    fn kill(&mut self, i: usize) {
+        let mut node = self.nodes[i].take().expect("a live member");
+        node.kill();
+    }
+
+    fn replica(&self) -> Replica {
+        Replica::start_on(&self.endpoints(), &self.log, 10_000, None, &[])
+    }
+}
+
+/// The countdown's stream as the cluster's (new) leader holds it.
+async fn outcome_on_leader(members: &Members) -> pb::Outcome {
+    let leader = members.leader().await;
+    let node = members.nodes[leader].as_ref().unwrap();
+    countdown_stream(node, &members.log).await.1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_mid_call_the_client_gets_every_event_once_and_the_result() {
+    const STEPS: u64 = 12;
+    let mut members = Members::start();
+    members.leader().await;
+    let replica = members.replica();
+    let proxy = Proxy::start(replica.addr).await;
+    let (progress, client) = connect(&proxy.url()).await;
+
+    let call = call_countdown(&client, STEPS, 150);
+    progress.wait_for(3).await;
+    let leader = members.leader().await;
+    members.kill(leader);
+    let before = progress.seen().len();
+    assert!(
+        before < STEPS as usize,
+        "the leader died mid-call ({before} seen)"
+    );
+
+    let result = tokio::time::timeout(WAIT, call)
+        .await
+        .expect("the call finishes on the new leader")
+        .unwrap();
+    assert_eq!(result.as_deref(), Ok("countdown of 12 done"));
+    progress.wait_for(STEPS as usize).await;
+    assert_eq!(
+        progress.seen_by_step(),
+        expected_progress(STEPS),
+        "every progress notification exactly once"
+    );
+    proxy.assert_steps_in_order();
+    assert_eq!(executions(&members.log).len(), 1, "the tool ran once");
+    // The new leader holds the call once: 12 notifications and the response, no resend twice.
+    let outcome = outcome_on_leader(&members).await;
+    assert_eq!(outcome.state(), pb::StreamState::Completed);
+    assert_eq!(outcome.terminal_seq, Some(STEPS + 1));
+    client.cancel().await.unwrap();
+}
+
+/// The client resumes on replica B, whose `Read(follow)` on the leader delivers the live
+/// events; the leader dies; B reads on from the new leader after the last event it
+/// delivered, so the client sees no duplicate and no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_a_resumed_call_follows_it_reads_on_without_duplicate_or_gap() {
+    const STEPS: u64 = 14;
+    let mut members = Members::start();
+    members.leader().await;
+    let a = members.replica();
+    let b = members.replica();
+    let proxy = Proxy::start(a.addr).await;
+    let (progress, client) = connect(&proxy.url()).await;
+
+    let call = call_countdown(&client, STEPS, 150);
+    progress.wait_for(3).await;
+    // The load balancer moves the client to B; A keeps running the tool.
+    proxy.release_to(b.addr);
+    proxy.cut();
+    let at_cut = progress.seen().len();
+    // Events arrive again: through B's Read(follow) on the leader.
+    progress.wait_for(at_cut + 2).await;
+    assert!(!proxy.resumes().is_empty(), "the client resumed through B");
+    let leader = members.leader().await;
+    members.kill(leader);
+    let before = progress.seen().len();
+    assert!(
+        before < STEPS as usize,
+        "the leader died mid-call ({before} seen)"
+    );
+
+    let result = tokio::time::timeout(WAIT, call)
+        .await
+        .expect("the call finishes")
+        .unwrap();
+    assert_eq!(result.as_deref(), Ok("countdown of 14 done"));
+    progress.wait_for(STEPS as usize).await;
+    assert_eq!(
+        progress.seen_by_step(),
+        expected_progress(STEPS),
+        "every progress notification exactly once"
+    );
+    proxy.assert_steps_in_order();
+    assert_eq!(executions(&members.log).len(), 1, "the tool ran once");
+    let outcome = outcome_on_leader(&members).await;
+    assert_eq!(outcome.terminal_seq, Some(STEPS + 1));
+    client.cancel().await.unwrap();
+}
