@@ -40,7 +40,7 @@ use cut::Purged;
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
 
 /// The vote's file in the data directory.
-const VOTE_FILE: &str = "VOTE";
+pub(crate) const VOTE_FILE: &str = "VOTE";
 /// The committed index's file.
 const COMMITTED_FILE: &str = "COMMITTED";
 /// The last purged entry's file.

@@ -154,6 +154,7 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, config: &Config) -> Result<Recov
         dir.display()
     )))?;
     let lock = lock_dir(dir)?;
+    refuse_cluster_member(dir)?;
     let opened = crate::log::open(fs, dir, config.sync, &config.clock)?;
     let mut report = RecoveryReport {
         segments: opened.segments,
@@ -355,4 +356,21 @@ fn replay_segment<S: FrameSource>(
         }
     }
     Ok(replayed)
+}
+
+/// Refuses, before anything is written, a data directory that a member of a replicated
+/// cluster wrote (it has a saved vote): a single-node open would append to that log without
+/// consensus, and the members' logs would differ.
+fn refuse_cluster_member(dir: &std::path::Path) -> Result<()> {
+    let vote = dir.join(crate::entry_log::VOTE_FILE);
+    if vote.exists() {
+        return Err(Error::UnsupportedFormat {
+            path: vote,
+            reason: "this data directory belongs to a member of a replicated cluster: start it \
+                     with --node-id and --peers (a single-node open would write to it without \
+                     the cluster)"
+                .into(),
+        });
+    }
+    Ok(())
 }

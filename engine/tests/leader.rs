@@ -239,3 +239,27 @@ fn the_leader_expires_a_lapsed_producer_lease_through_a_proposal() {
     );
     close(leader, &cluster);
 }
+
+#[test]
+fn a_cluster_members_directory_is_refused_by_a_single_node_open_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    {
+        let (leader, cluster) = open_leader(dir.path(), &clock);
+        cluster.log.save_vote(b"a vote").unwrap();
+        leader.open_session("s").unwrap();
+        close(leader, &cluster);
+    }
+    let before: Vec<_> = segment_files(dir.path())
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let err = Engine::open(config_at(dir.path(), &clock)).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedFormat { .. }), "{err:?}");
+    assert!(err.to_string().contains("--node-id"), "{err}");
+    let after: Vec<_> = segment_files(dir.path())
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert_eq!(before, after, "the refused open wrote nothing");
+}

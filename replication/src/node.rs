@@ -109,7 +109,16 @@ impl ReplicatedNode {
             dir,
             segment_bytes_max: options.engine.segment_bytes_max,
         })?;
-        let fresh = log.state().last.is_none() && log.read_vote()?.is_none();
+        let voted = log.read_vote()?.is_some();
+        if !voted && log.state().last.is_some() {
+            return Err(StartError::Raft(format!(
+                "{} holds a single node's log (entries, no cluster vote): a cluster member \
+                 cannot start on it; start the member on a new directory (copying a single \
+                 node's data into a cluster is not supported yet)",
+                options.engine.dir.display()
+            )));
+        }
+        let fresh = !voted;
         let proposer = Arc::new(RaftProposer {
             id: options.id,
             raft: OnceLock::new(),

@@ -77,7 +77,13 @@ pub fn inspect(dir: &Path) -> ExitCode {
         eprintln!("cursorlog inspect: {} is not a directory", dir.display());
         return ExitCode::from(EXIT_CANNOT_CHECK);
     }
-    let engine = match Engine::open(Config::new(dir)) {
+    let member = dir.join("VOTE").exists();
+    let opened = if member {
+        open_member(dir)
+    } else {
+        Engine::open(Config::new(dir))
+    };
+    let engine = match opened {
         Ok(engine) => engine,
         Err(err) => {
             eprintln!("cursorlog inspect: cannot open {}: {err}", dir.display());
@@ -93,6 +99,28 @@ pub fn inspect(dir: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Opens a cluster member's directory as a replica (its index rebuilt from the log up to the
+/// committed entry; nothing is written to the log), and prints where its log stands.
+fn open_member(dir: &Path) -> cursorlog_engine::Result<Engine> {
+    let log = cursorlog_engine::EntryLog::open(cursorlog_engine::EntryLogConfig::new(dir))?;
+    let state = log.state();
+    println!("cluster member: yes (VOTE present)");
+    println!(
+        "log: last entry {}, committed {}, purged through {}",
+        entry(state.last),
+        entry(log.committed()),
+        entry(state.last_purged),
+    );
+    Engine::open_replica(Config::new(dir), &log)
+}
+
+fn entry(id: Option<cursorlog_engine::EntryId>) -> String {
+    id.map_or_else(
+        || "none".into(),
+        |id| format!("{} (term {})", id.index, id.term),
+    )
 }
 
 fn print_inventory(engine: &Engine, dir: &Path) -> cursorlog_engine::Result<()> {

@@ -281,4 +281,18 @@ async fn members_join_get_promoted_and_leave_under_load_without_losing_an_event(
     for e in &events {
         assert_eq!(&e.payload[..], format!("event {}", e.seq).as_bytes());
     }
+
+    // Stopped, a member's directory is inspected as a member's (its log up to the committed
+    // entry), and a single-node `serve` refuses it before writing anything.
+    for s in &mut servers {
+        s.kill();
+    }
+    let member = dirs[3].path().to_str().unwrap();
+    let (status, out, err) = run_tool(&["inspect", member]);
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("cluster member: yes"), "{out}");
+    assert!(out.contains("committed"), "{out}");
+    let (status, out, err) = run_tool(&["serve", "--listen", "127.0.0.1:0", "--data-dir", member]);
+    assert!(!status.success(), "{out}");
+    assert!(err.contains("--node-id"), "{err}");
 }
