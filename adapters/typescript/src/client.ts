@@ -4,6 +4,7 @@
  */
 import * as grpc from '@grpc/grpc-js';
 import { loadClientConstructor, type AppendResponse, type ReadRequest, type ReadResponse, type Rpcs } from './proto.js';
+import { mayRetry, Router, type BackoffOptions, type RetryHint } from './router.js';
 
 /** One answer of `AppendStream`. */
 export interface AppendResultMessage {
@@ -35,15 +36,38 @@ export class CursorlogError extends CursorlogMcpError {
 }
 
 /** How to reach cursorlog. */
-export interface ClientOptions {
-  /** `host:port` of the cursorlog server, e.g. `127.0.0.1:50051`. */
-  address: string;
+export interface ClientOptions extends BackoffOptions {
+  /**
+   * `host:port` of the cursorlog server, e.g. `127.0.0.1:50051`; for a replicated cursorlog the
+   * members, comma-separated (`h1:7001,h2:7002,h3:7003`) or as an array. Calls go to the
+   * leader: an `UNAVAILABLE` answer is followed to the member its `cursorlog-leader` header
+   * names, or (no header) retried on the next address after a backoff, within `deadlineMs`.
+   */
+  address: string | readonly string[];
   /** Bearer token, when the server runs with `--auth-token`. */
   token?: string;
   /** Channel credentials (TLS); plain text when absent. */
   credentials?: grpc.ChannelCredentials;
-  /** Deadline of every unary call, ms (default 10 000). */
+  /** Deadline of every unary call, ms (default 10 000), retries on other members included. */
   deadlineMs?: number;
+}
+
+/** The `cursorlog-leader` and `cursorlog-retry` headers of a failed call. */
+function hints(error: Partial<grpc.ServiceError>): { leader: string | undefined; retry: RetryHint } {
+  const md = error.metadata;
+  const first = (key: string): string | undefined => {
+    const v = md?.get(key)[0];
+    return v === undefined ? undefined : String(v);
+  };
+  const retry = first('cursorlog-retry');
+  if (retry === 'safe' || retry === 'outcome-unknown') return { leader: first('cursorlog-leader'), retry };
+  // grpc-js fails a call this way when no connection is up: nothing was sent, resending is safe.
+  return { leader: first('cursorlog-leader'), retry: /^No connection established/.test(error.details ?? '') ? 'safe' : undefined };
+}
+
+/** The leader named in a not-leader message ("… (the leader is at HOST:PORT) …"), as inside `AppendBatch` item failures. */
+export function leaderInMessage(message: string | undefined): string | undefined {
+  return /the leader is at ([^\s)]+)/.exec(message ?? '')?.[1];
 }
 
 type UnaryFn = (
@@ -53,77 +77,157 @@ type UnaryFn = (
   callback: (error: grpc.ServiceError | null, response: unknown) => void,
 ) => grpc.ClientUnaryCall;
 
-/** The typed cursorlog client. One per process is enough: grpc-js multiplexes calls on one channel. */
+/** The typed cursorlog client. One per process is enough: grpc-js multiplexes calls on one channel per member. */
 export class CursorlogClient {
-  private readonly client: grpc.Client;
+  /** Which member leads, as far as this client knows (see {@link Router}). */
+  readonly router: Router;
+  private readonly channels = new Map<string, grpc.Client>();
+  private readonly credentials: grpc.ChannelCredentials;
   private readonly metadata: grpc.Metadata;
   private readonly deadlineMs: number;
+  private closed = false;
+  /** One address configured: a plain UNAVAILABLE (no cursorlog headers) fails at once, as before clusters. */
+  private readonly single: boolean;
 
   constructor(options: ClientOptions) {
-    const Ctor = loadClientConstructor();
-    this.client = new Ctor(options.address, options.credentials ?? grpc.credentials.createInsecure(), {
-      'grpc.max_receive_message_length': 64 * 1024 * 1024,
-      'grpc.keepalive_time_ms': 30_000,
-      // The producer retries AppendBatch itself (idempotently, with expected_next_seq); grpc-js's
-      // own retry layer and channelz bookkeeping only add CPU to every call.
-      'grpc.enable_retries': 0,
-      'grpc.enable_channelz': 0,
-    });
+    this.router = new Router(options.address, options);
+    this.single = this.router.addresses.length === 1;
+    this.credentials = options.credentials ?? grpc.credentials.createInsecure();
     this.metadata = new grpc.Metadata();
     if (options.token !== undefined) this.metadata.set('authorization', `Bearer ${options.token}`);
     this.deadlineMs = options.deadlineMs ?? 10_000;
+    this.channel(this.router.current);
   }
 
-  /** Calls a unary RPC; rejects with {@link CursorlogError}. */
-  call<K extends keyof Rpcs>(rpc: K, request: Rpcs[K][0]): Promise<Rpcs[K][1]> {
-    const method = (this.client as unknown as Record<string, UnaryFn>)[rpc];
+  /** The cached channel to one member. */
+  private channel(address: string): grpc.Client {
+    let client = this.channels.get(address);
+    if (client === undefined) {
+      const Ctor = loadClientConstructor();
+      client = new Ctor(address, this.credentials, {
+        'grpc.max_receive_message_length': 64 * 1024 * 1024,
+        'grpc.keepalive_time_ms': 30_000,
+        // Retries are this client's (leader-aware, idempotent only); grpc-js's own retry layer
+        // and channelz bookkeeping only add CPU to every call.
+        'grpc.enable_retries': 0,
+        'grpc.enable_channelz': 0,
+      });
+      this.channels.set(address, client);
+    }
+    return client;
+  }
+
+  /**
+   * Calls a unary RPC on the leader; rejects with {@link CursorlogError}. An `UNAVAILABLE`
+   * answer is retried on the member it names (or the next one, after a backoff) while the
+   * deadline lasts, when resending is safe: `cursorlog-retry: safe`, or an idempotent call
+   * ({@link isIdempotent}: reads, `OpenSession`, `KeepAlive`, appends and completions with
+   * `expected_next_seq`).
+   */
+  async call<K extends keyof Rpcs>(rpc: K, request: Rpcs[K][0]): Promise<Rpcs[K][1]> {
+    const deadline = Date.now() + this.deadlineMs;
+    for (;;) {
+      const address = this.router.current;
+      try {
+        const response = await this.once(address, rpc, request, deadline);
+        this.router.succeeded(address);
+        return response;
+      } catch (error) {
+        const e = error as Partial<grpc.ServiceError>;
+        const code = e.code ?? grpc.status.UNKNOWN;
+        const failure = new CursorlogError(rpc, code, e.details ?? String(error));
+        if (code !== grpc.status.UNAVAILABLE) throw failure;
+        const { leader, retry } = hints(e);
+        if (!this.reroutes(leader, retry) || !mayRetry(rpc, request, retry)) throw failure;
+        const wait = this.router.failed(address, leader);
+        if (Date.now() + wait >= deadline) throw failure;
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      }
+    }
+  }
+
+  private once<K extends keyof Rpcs>(address: string, rpc: K, request: Rpcs[K][0], deadline: number): Promise<Rpcs[K][1]> {
+    const client = this.channel(address);
+    const method = (client as unknown as Record<string, UnaryFn>)[rpc];
     if (method === undefined) return Promise.reject(new CursorlogMcpError(`cursorlog has no RPC ${rpc}`));
     return new Promise((resolve, reject) => {
-      method.call(
-        this.client,
-        request,
-        this.metadata,
-        { deadline: Date.now() + this.deadlineMs },
-        (error, response) => {
-          if (error) reject(new CursorlogError(rpc, error.code, error.details));
-          else resolve(response as Rpcs[K][1]);
-        },
-      );
+      method.call(client, request, this.metadata, { deadline }, (error, response) => {
+        if (error) reject(error);
+        else resolve(response as Rpcs[K][1]);
+      });
     });
   }
 
-  /** Opens a `Read` call. Iterate it; `cancel()` ends it (the iterator then finishes quietly). */
+  /**
+   * Opens a `Read` call on the leader. Iterate it; `cancel()` ends it (the iterator then
+   * finishes quietly). When the call fails with `UNAVAILABLE` (a follower, or the leader
+   * died mid-stream) it is re-opened on the leader from the last event it delivered
+   * (`last_event_id` = that event's id), and the new resolution is not delivered again, so
+   * the iterator yields every event exactly once across leader changes, within the deadline
+   * of a unary call per outage.
+   */
   read(request: ReadRequest): ReadCall {
-    const method = (this.client as unknown as Record<string, (r: unknown, m: grpc.Metadata) => grpc.ClientReadableStream<ReadResponse>>)['Read'];
+    return new ReadCall(this, request);
+  }
+
+  /** Starts one `Read` call on the member believed to lead (used by {@link ReadCall}). */
+  openRead(request: ReadRequest): { address: string; stream: grpc.ClientReadableStream<ReadResponse> } {
+    const address = this.router.current;
+    const client = this.channel(address);
+    const method = (client as unknown as Record<string, (r: unknown, m: grpc.Metadata) => grpc.ClientReadableStream<ReadResponse>>)['Read'];
     if (method === undefined) throw new CursorlogMcpError('cursorlog has no RPC Read');
-    return new ReadCall(method.call(this.client, request, this.metadata));
+    return { address, stream: method.call(client, request, this.metadata) };
   }
 
-  /** Opens an `AppendStream` call (bidirectional: `AppendRequest`s in, `AppendResult`s out, in order). */
+  /** Whether an UNAVAILABLE with these headers is worth another attempt (see {@link single}). */
+  reroutes(leader: string | undefined, retry: RetryHint): boolean {
+    return !this.closed && (!this.single || leader !== undefined || retry !== undefined);
+  }
+
+  /** Deadline of a unary call (and of one outage a `Read` rides out), ms. */
+  get callDeadlineMs(): number {
+    return this.deadlineMs;
+  }
+
+  /**
+   * Opens an `AppendStream` call (bidirectional: `AppendRequest`s in, `AppendResult`s out, in
+   * order) on the member believed to lead. It is not re-routed: when it breaks, its
+   * unanswered appends fail and the next call opens on the then-current leader.
+   */
   appendStream(): grpc.ClientDuplexStream<unknown, AppendResultMessage> {
-    const method = (this.client as unknown as Record<string, (m: grpc.Metadata) => grpc.ClientDuplexStream<unknown, AppendResultMessage>>)['AppendStream'];
+    const client = this.channel(this.router.current);
+    const method = (client as unknown as Record<string, (m: grpc.Metadata) => grpc.ClientDuplexStream<unknown, AppendResultMessage>>)['AppendStream'];
     if (method === undefined) throw new CursorlogMcpError('cursorlog has no RPC AppendStream');
-    return method.call(this.client, this.metadata);
+    return method.call(client, this.metadata);
   }
 
-  /** Closes the channel; calls in flight fail. */
+  /** Closes every channel; calls in flight fail. */
   close(): void {
-    this.client.close();
+    this.closed = true;
+    for (const client of this.channels.values()) client.close();
+    this.channels.clear();
   }
 }
 
-/** A running `Read` call. */
+/** A running `Read` call, re-opened on the new leader when the old one fails (see {@link CursorlogClient.read}). */
 export class ReadCall implements AsyncIterable<ReadResponse> {
   private cancelled = false;
-  constructor(private readonly stream: grpc.ClientReadableStream<ReadResponse>) {
-    // An error after cancel() is expected; without a listener it would be thrown.
-    stream.on('error', () => {});
-  }
+  private stream: grpc.ClientReadableStream<ReadResponse> | undefined;
+  /** The id of the last event delivered, if any: where a re-opened call resumes. */
+  private lastId: string | undefined;
+  private resolved = false;
+  /** Times the call was re-opened after a failure (tests). */
+  reopened = 0;
+
+  constructor(
+    private readonly client: CursorlogClient,
+    private readonly request: ReadRequest,
+  ) {}
 
   /** Ends the call; a pending iteration finishes without error. */
   cancel(): void {
     this.cancelled = true;
-    this.stream.cancel();
+    this.stream?.cancel();
   }
 
   get isCancelled(): boolean {
@@ -131,14 +235,52 @@ export class ReadCall implements AsyncIterable<ReadResponse> {
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<ReadResponse> {
-    try {
-      for await (const message of this.stream as AsyncIterable<ReadResponse>) {
-        yield message;
-      }
-    } catch (error) {
+    let outage: number | undefined;
+    for (;;) {
       if (this.cancelled) return;
-      const e = error as Partial<grpc.ServiceError>;
-      throw new CursorlogError('Read', e.code ?? grpc.status.UNKNOWN, e.details ?? String(error));
+      const request = this.lastId === undefined ? this.request : { ...this.request, lastEventId: this.lastId };
+      const { address, stream } = this.client.openRead(request);
+      this.stream = stream;
+      // An error after cancel() is expected; without a listener it would be thrown.
+      stream.on('error', () => {});
+      let first = true;
+      try {
+        for await (const message of stream as AsyncIterable<ReadResponse>) {
+          outage = undefined;
+          this.client.router.succeeded(address);
+          if (first) {
+            first = false;
+            if (this.resolved) {
+              // A re-opened call: its resolution is of our own last event; the reader has the first.
+              const verdict = message.resolution?.verdict;
+              if (message.item === 'resolution' && (verdict === 'RESUMABLE' || verdict === 'STREAM_TERMINATED')) continue;
+              throw new CursorlogError('Read', grpc.status.ABORTED, `re-opened Read after a leader change answered ${verdict ?? message.item}`);
+            }
+            this.resolved = true;
+          }
+          if (message.item === 'events') {
+            const last = message.events?.events?.at(-1);
+            if (last !== undefined) this.lastId = last.id;
+          }
+          yield message;
+        }
+        return;
+      } catch (error) {
+        if (this.cancelled) return;
+        if (error instanceof CursorlogError) throw error;
+        const e = error as Partial<grpc.ServiceError>;
+        const code = e.code ?? grpc.status.UNKNOWN;
+        const failure = new CursorlogError('Read', code, e.details ?? String(error));
+        // Re-opened from the last delivered event (or the request's own cursor): a Read is a read.
+        const { leader, retry } = hints(e);
+        if (code !== grpc.status.UNAVAILABLE || !this.client.reroutes(leader, retry)) throw failure;
+        const now = Date.now();
+        outage ??= now + this.client.callDeadlineMs;
+        const wait = this.client.router.failed(address, leader);
+        if (now + wait >= outage) throw failure;
+        this.reopened += 1;
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      }
     }
   }
 }

@@ -6,6 +6,7 @@ export { Cursorlog, defaultLogger, type CursorlogOptions, type Logger } from './
 export { CursorlogSessions, type SessionsOptions, type Connectable } from './sessions.js';
 export { SessionEventStore, parseCursor } from './store.js';
 export { CursorlogClient, CursorlogError, CursorlogMcpError, type ClientOptions } from './client.js';
+export { Router, parseAddresses, isIdempotent, mayRetry, type RetryHint, type BackoffOptions } from './router.js';
 export { Producer, type ProducerOptions, type ProducerStats } from './producer.js';
 export {
   RESUME_DISCONTINUITY,

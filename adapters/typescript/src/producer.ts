@@ -13,7 +13,7 @@
  * `OpenStream` call would, and retries the rest.
  */
 import type * as grpc from '@grpc/grpc-js';
-import { CursorlogError, CursorlogMcpError, type AppendResultMessage, type CursorlogClient } from './client.js';
+import { CursorlogError, CursorlogMcpError, leaderInMessage, type AppendResultMessage, type CursorlogClient } from './client.js';
 import type { BatchItem, BatchResult, NewEvent, OpenStreamRequest, OpenStreamResponse } from './proto.js';
 
 /** Limits of one `AppendBatch` call. */
@@ -338,11 +338,11 @@ export class Producer {
     }
     let results: BatchResult[] | undefined;
     let lastError: Error | undefined;
+    const deadline = Date.now() + this.client.callDeadlineMs;
     for (let attempt = 1; attempt <= this.attempts; attempt += 1) {
       try {
         const response = await this.client.call('AppendBatch', { items });
         results = response.results ?? [];
-        break;
       } catch (error) {
         lastError = error as Error;
         if (!(error instanceof CursorlogError) || !error.retryable || attempt === this.attempts) break;
@@ -357,7 +357,25 @@ export class Producer {
         if (items.length === 0) return;
         this.stats.retries += 1;
         await new Promise((r) => setTimeout(r, 50 * 2 ** attempt));
+        continue;
       }
+      if (results.length !== items.length) break;
+      // A replicated cursorlog answers items it could not take on this member (not the
+      // leader, or leadership lost before commit) with UNAVAILABLE failures inside the batch.
+      const again = results.map((r, i) => Producer.resend(r, owners[i]![0]!));
+      if (!again.some((x) => x) || Date.now() >= deadline) break;
+      results.forEach((r, i) => {
+        if (!again[i]) this.answer(owners[i]!, r);
+      });
+      const leader = leaderInMessage(results.find((r, i) => again[i] && r.failure?.message !== undefined)?.failure?.message);
+      items = items.filter((_, i) => again[i]);
+      owners = owners.filter((_, i) => again[i]);
+      results = undefined;
+      this.stats.retries += 1;
+      attempt -= 1; // a leader change is not a transport failure; the deadline bounds it
+      // The member that answered is the router's current one (a success makes it so).
+      const wait = this.client.router.failed(this.client.router.current, leader);
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
     }
     if (results === undefined || results.length !== items.length) {
       const error =
@@ -367,6 +385,19 @@ export class Producer {
       return;
     }
     results.forEach((result, i) => this.answer(owners[i]!, result));
+  }
+
+  /**
+   * Whether an item that failed inside a batch is sent again: an UNAVAILABLE failure of an
+   * append or completion (they carry `expected_next_seq`: a resend of one that was applied is
+   * a `duplicate`), or of an open that was refused because this member is not the leader
+   * (nothing proposed). An open that may have been proposed fails (a resend could open a
+   * second stream).
+   */
+  private static resend(result: BatchResult, first: Pending): boolean {
+    if (result.result !== 'failure' || result.failure?.code !== 14 /* UNAVAILABLE */) return false;
+    if (first.type !== 'open') return true;
+    return /not the leader/.test(result.failure.message ?? '');
   }
 
   /** Hands one item's result to the callers it answers. */

@@ -356,6 +356,6 @@ class Tail {
     this.read?.cancel();
     this.resumer.removeTail(this);
     if (stillOurs && this.entry !== undefined) this.entry.cleanup();
-    this.store.core.log('info', 'detached tail ended', { session: this.store.session, cursor: this.delivery.lastEventId, why });
+    this.store.core.log('info', 'detached tail ended', { session: this.store.session, cursor: this.delivery.lastEventId, why, reopened: this.read?.reopened ?? 0 });
   }
 }

@@ -149,12 +149,19 @@ export class CursorlogSessions {
   private async create(params: unknown, owner: string | null): Promise<Live> {
     const sessionId = (this.options.sessionIdGenerator ?? randomUUID)();
     const record: SessionRecord = { v: 1, initialize: params, owner };
-    const opened = await this.cursorlog.client.call('OpenSession', {
-      session: sessionId,
-      state: Buffer.from(JSON.stringify(record)),
-    });
-    if (!opened.created) throw new CursorlogMcpError(`session id ${sessionId} already exists in cursorlog; the generator must produce unique ids`);
+    const state = Buffer.from(JSON.stringify(record));
+    const opened = await this.cursorlog.client.call('OpenSession', { session: sessionId, state });
+    if (!opened.created && !(await this.createdByUs(sessionId, state))) throw new CursorlogMcpError(`session id ${sessionId} already exists in cursorlog; the generator must produce unique ids`);
     return this.connect(sessionId, opened.epoch);
+  }
+
+  /**
+   * An `OpenSession` answered `created: false`: true when the session holds exactly our state,
+   * i.e. our own earlier attempt created it and the client resent it after a leader change.
+   */
+  private async createdByUs(sessionId: string, state: Buffer): Promise<boolean> {
+    const existing = await this.cursorlog.client.call('GetSession', { session: sessionId }).catch(() => undefined);
+    return existing !== undefined && !existing.expired && existing.state !== undefined && Buffer.from(existing.state).equals(state);
   }
 
   private async connect(sessionId: string, epoch: string): Promise<Live> {

@@ -37,6 +37,8 @@ export async function waitFor<T>(what: string, predicate: () => T | undefined | 
 /** A child process whose stdout lines are collected. */
 export class Proc {
   readonly lines: string[] = [];
+  /** Stderr lines (the adapter's log lines). */
+  readonly errLines: string[] = [];
   private exited = false;
   constructor(
     readonly name: string,
@@ -51,8 +53,15 @@ export class Proc {
         buffer = buffer.slice(nl + 1);
       }
     });
+    let errBuffer = '';
     child.stderr?.on('data', (chunk: Buffer) => {
       if (process.env['TEST_VERBOSE']) process.stderr.write(`[${name}] ${chunk.toString('utf8')}`);
+      errBuffer += chunk.toString('utf8');
+      let nl;
+      while ((nl = errBuffer.indexOf('\n')) >= 0) {
+        this.errLines.push(errBuffer.slice(0, nl));
+        errBuffer = errBuffer.slice(nl + 1);
+      }
     });
     child.on('exit', () => {
       this.exited = true;
@@ -116,10 +125,11 @@ export class Replica {
     readonly port: number,
   ) {}
 
-  static async start(name: string, cursorlog: string, extraArgs: string[] = []): Promise<Replica> {
+  static async start(name: string, cursorlog: string, extraArgs: string[] = [], env: Record<string, string> = {}): Promise<Replica> {
     const script = join(PACKAGE_DIR, 'dist', 'examples', 'replica.js');
     const child = spawn(process.execPath, [script, '--cursorlog', cursorlog, '--port', '0', ...extraArgs], {
       stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, ...env },
     });
     const proc = new Proc(name, child);
     const m = await proc.line(/^listening on (http:\/\/127\.0\.0\.1:(\d+)\/mcp)$/);
@@ -214,5 +224,63 @@ export class Proxy {
     this.cutAll();
     for (const c of this.held) c.destroy();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+/** A free loopback port (bound, then released for a cursorlog member to bind). */
+export async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+/**
+ * Three real `cursorlog serve --node-id … --peers …` members on free ports with short Raft
+ * timing (election 300–600 ms, heartbeat 50 ms), temp data dirs removed on stop.
+ */
+export class CursorlogCluster {
+  readonly nodes: (Proc | undefined)[] = [];
+  private constructor(
+    readonly addresses: string[],
+    readonly dataDirs: string[],
+  ) {}
+
+  static async start(size = 3): Promise<CursorlogCluster> {
+    const ports: number[] = [];
+    for (let i = 0; i < size; i += 1) ports.push(await freePort());
+    const addresses = ports.map((p) => `127.0.0.1:${p}`);
+    const dirs = addresses.map(() => mkdtempSync(join(tmpdir(), 'cursorlog-ts-cluster-')));
+    const cluster = new CursorlogCluster(addresses, dirs);
+    const peers = addresses.map((a, i) => `${i + 1}=${a}`).join(',');
+    for (let i = 0; i < size; i += 1) {
+      const child = spawn(
+        cursorlogBin(),
+        ['serve', '--data-dir', dirs[i]!, '--listen', addresses[i]!, '--node-id', String(i + 1), '--peers', peers, '--election-timeout-ms', '300', '--heartbeat-ms', '50'],
+        { stdio: ['ignore', 'pipe', 'pipe'] },
+      );
+      cluster.nodes.push(new Proc(`cursorlog-${i + 1}`, child));
+    }
+    await Promise.all(cluster.nodes.map((n) => n!.line(/^listening on /)));
+    return cluster;
+  }
+
+  /** The comma-separated member list, as the adapter takes it. */
+  get list(): string {
+    return this.addresses.join(',');
+  }
+
+  /** SIGKILLs the member at `address`. */
+  async kill(address: string): Promise<void> {
+    const i = this.addresses.indexOf(address);
+    if (i < 0) throw new Error(`${address} is not a member`);
+    await this.nodes[i]?.kill('SIGKILL');
+    this.nodes[i] = undefined;
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.nodes.map((n) => n?.kill('SIGKILL')));
+    for (const d of this.dataDirs) rmSync(d, { recursive: true, force: true });
   }
 }
