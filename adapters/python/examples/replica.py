@@ -89,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--cursorlog", required=True, help="cursorlog gRPC address, e.g. 127.0.0.1:50051")
+    parser.add_argument("--cursorlog", required=True, help="cursorlog gRPC address, e.g. 127.0.0.1:50051; a replicated cursorlog: its members, comma-separated")
     parser.add_argument("--name", default=None, help="replica name reported by tools (default: the port)")
     parser.add_argument("--lease-ms", type=int, default=10_000, help="producer lease of request streams")
     parser.add_argument("--retry-ms", type=int, default=None, help="SSE retry interval suggested to clients")

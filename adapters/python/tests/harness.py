@@ -73,11 +73,11 @@ def stop_process(proc: subprocess.Popen[Any], *, grace_s: float = 5.0) -> None:
 class CursorlogServer:
     """The real cursorlog binary on a free port, data in ``data_dir``."""
 
-    def __init__(self, data_dir: Path, log: Path) -> None:
+    def __init__(self, data_dir: Path, log: Path, *, listen: str = "127.0.0.1:0", args: tuple[str, ...] = ()) -> None:
         self.log = log
         self._log_file = log.open("wb")
         self.proc = subprocess.Popen(
-            [str(cursorlog_bin()), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)],
+            [str(cursorlog_bin()), "serve", "--listen", listen, "--data-dir", str(data_dir), *args],
             stdout=subprocess.PIPE,
             stderr=self._log_file,
         )
@@ -109,6 +109,43 @@ class CursorlogServer:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log_file.close()
+
+
+class CursorlogCluster:
+    """Three real ``cursorlog serve --node-id … --peers …`` members on free ports, short Raft
+    timing (election 300–600 ms, heartbeat 50 ms), data under ``workdir``."""
+
+    def __init__(self, workdir: Path, size: int = 3) -> None:
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
+        peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addresses))
+        self.members: dict[str, CursorlogServer] = {}
+        try:
+            for i, address in enumerate(self.addresses):
+                args = ("--node-id", str(i + 1), "--peers", peers, "--election-timeout-ms", "300", "--heartbeat-ms", "50")
+                self.members[address] = CursorlogServer(
+                    workdir / f"member-{i + 1}", workdir / f"member-{i + 1}.log", listen=address, args=args
+                )
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def target(self) -> str:
+        """The comma-separated member list, as the adapter takes it."""
+        return ",".join(self.addresses)
+
+    def kill(self, address: str) -> None:
+        """SIGKILLs the member at ``address``."""
+        member = self.members.pop(address)
+        member.proc.kill()
+        member.proc.wait(timeout=10)
+        member.stop()
+
+    def stop(self) -> None:
+        for member in self.members.values():
+            member.proc.kill()
+            member.stop()
+        self.members.clear()
 
 
 class Replica:

@@ -100,6 +100,10 @@ class FlakyClient:
     def __init__(self, real: CursorlogClient) -> None:
         self.real = real
         self.failures = 2
+        self.router = real.router
+
+    def retry_delays_s(self) -> tuple[float, ...]:
+        return self.real.retry_delays_s()
 
     async def append_batch(self, request: pb.AppendBatchRequest) -> pb.AppendBatchResponse:
         if self.failures:
@@ -130,14 +134,14 @@ async def test_client_closes_its_channel_when_the_event_loop_changes(cursorlog: 
     def in_another_loop() -> None:
         async def use() -> None:
             await shared.open_session(f"c-{uuid.uuid4().hex}")
-            first.append(shared._channel)  # noqa: SLF001
+            first.append(shared._channels[shared.router.current])  # noqa: SLF001
 
         asyncio.run(use())
 
     await asyncio.get_running_loop().run_in_executor(None, in_another_loop)
     await shared.open_session(f"c-{uuid.uuid4().hex}")  # this loop: a new channel
     assert shared.channels_opened == 2
-    assert shared._channel is not first[0]  # noqa: SLF001
+    assert shared._channels[shared.router.current] is not first[0]  # noqa: SLF001
     await asyncio.sleep(0)
     await shared.close()  # also waits for the previous channel's close
     stale = first[0]

@@ -24,6 +24,7 @@ import grpc
 from ._proto import cursorlog_pb2 as pb
 from .client import CursorlogClient
 from .errors import CursorlogError, CursorlogUnavailable, from_failure
+from .routing import leader_in_message
 
 logger = logging.getLogger("cursorlog_mcp")
 
@@ -32,8 +33,6 @@ MAX_ITEMS = 4096
 
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 """Payload bytes per batch, well under the 16 MiB gRPC message limit of both sides."""
-
-_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
 @dataclass(slots=True)
@@ -84,6 +83,19 @@ class BatcherStats:
     items: int = 0
     retries: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+
+
+def _resend(entry: _Item, result: pb.BatchResult, budget: int) -> bool:
+    """Whether an item answered with an UNAVAILABLE ``Failure`` inside the batch is sent again:
+    only one that carries ``expected_next_seq`` (a resend of one that was applied is answered
+    ``duplicate``), within the retry budget."""
+    return (
+        result.WhichOneof("result") == "failure"
+        and result.failure.code == grpc.StatusCode.UNAVAILABLE.value[0]
+        and entry.retryable
+        and entry.attempts < budget
+        and not entry.future.done()
+    )
 
 
 class AppendBatcher:
@@ -195,9 +207,19 @@ class AppendBatcher:
                 for entry in batch:
                     entry.future.set_exception(error)
                 return
+            again: list[_Item] = []
+            leader: str | None = None
             for entry, result in zip(batch, response.results, strict=True):
-                if not entry.future.done():
+                if _resend(entry, result, len(self._client.retry_delays_s())):
+                    again.append(entry)
+                    leader = leader or leader_in_message(result.failure.message)
+                elif not entry.future.done():
                     entry.future.set_result(result)
+            if again:
+                # A replicated cursorlog refused these items on this member (not the leader, or
+                # leadership lost before commit): resend them where the leader is.
+                wait = self._client.router.failed(self._client.router.current, leader)
+                self._retry_later(again, wait, "refused by a non-leader")
         finally:
             self._in_flight -= 1
             self._pump()
@@ -209,21 +231,23 @@ class AppendBatcher:
                 entry.future.set_exception(error)
         if not retry:
             return
+        delays = self._client.retry_delays_s()
         attempt = max(e.attempts for e in retry)
-        if attempt >= len(_RETRY_DELAYS_S):
+        if attempt >= len(delays):
             for entry in retry:
                 if not entry.future.done():
                     entry.future.set_exception(error)
             return
-        for entry in retry:
+        self._retry_later(retry, delays[attempt], error.details)
+
+    def _retry_later(self, entries: list[_Item], delay: float, why: str) -> None:
+        """Requeues ``entries`` (each carries ``expected_next_seq``) after ``delay`` seconds."""
+        for entry in entries:
             entry.attempts += 1
         self.stats.retries += 1
-        delay = _RETRY_DELAYS_S[attempt]
-        logger.warning(
-            "cursorlog AppendBatch unavailable (%s); retrying %d items in %.2fs", error.details, len(retry), delay
-        )
+        logger.warning("cursorlog AppendBatch unavailable (%s); retrying %d items in %.2fs", why, len(entries), delay)
         self._retrying += 1
-        asyncio.get_running_loop().call_later(delay, self._requeue, retry)
+        asyncio.get_running_loop().call_later(delay, self._requeue, entries)
 
     def _requeue(self, entries: list[_Item]) -> None:
         self._retrying -= 1

@@ -1,0 +1,144 @@
+"""End to end against a replicated cursorlog (issue 19 item 6): three real members, replicas
+configured with the member list, the SDK's own client. The cursorlog LEADER is SIGKILLed in
+the middle of a streaming tool call; the client must still get every progress notification
+exactly once, and the result."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from cursorlog_mcp import CursorlogClient
+
+from .harness import CursorlogCluster, Replica, SwitchableProxy
+from .test_e2e import Seen, call_slow_count, executions, mcp_session, text_of
+
+pytestmark = pytest.mark.anyio
+
+STEPS = 30
+
+
+class Setup:
+    def __init__(self, workdir: Path) -> None:
+        self.exec_log = workdir / "executions.log"
+        self.cluster = CursorlogCluster(workdir)
+        self.replicas: dict[str, Replica] = {}
+        self.proxy = SwitchableProxy()
+        try:
+            for name in ("A", "B"):
+                self.replicas[name] = Replica(name, self.cluster.target, workdir, exec_log=self.exec_log)
+        except BaseException:
+            self.close()
+            raise
+
+    async def kill_leader(self) -> str:
+        """SIGKILLs the member that leads now (the one an idempotent OpenSession succeeded on)."""
+        probe = CursorlogClient(self.cluster.target, timeout_s=30)
+        try:
+            await probe.open_session(f"probe-{uuid.uuid4().hex}")
+            leader = probe.router.current
+        finally:
+            await probe.close()
+        self.cluster.kill(leader)
+        return leader
+
+    def close(self) -> None:
+        self.proxy.close()
+        for replica in self.replicas.values():
+            replica.kill()
+        self.cluster.stop()
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[Setup]:
+    s = Setup(tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def resumes(log: str, session: str) -> list[str]:
+    """The resumes of request streams (the GET stream's own reconnects are not counted)."""
+    return re.findall(rf"resume session={session} cursor=(\S+) verdict=.*stream_kind=request", log)
+
+
+async def test_the_producing_replica_rides_out_a_leader_kill(setup: Setup) -> None:
+    a = setup.replicas["A"]
+    setup.proxy.route(a.port)
+    call_id = uuid.uuid4().hex
+    seen = Seen()
+    fifth = anyio.Event()
+    at_kill: list[int] = []
+
+    async def on_progress(value: float) -> None:
+        if value >= 5:
+            fifth.set()
+
+    async with mcp_session(setup.proxy.url) as (session, _ids):
+        await session.initialize()
+        async with anyio.create_task_group() as tg:
+
+            async def kill() -> None:
+                await fifth.wait()
+                await setup.kill_leader()
+                at_kill.append(len(seen.progress))
+
+            tg.start_soon(kill)
+            with anyio.fail_after(90):
+                result = await call_slow_count(session, call_id, seen, steps=STEPS, delay_s=0.05, on_progress=on_progress)
+
+    assert text_of(result) == f"{call_id}: counted to {STEPS} on A"
+    assert seen.progress == [float(i) for i in range(1, STEPS + 1)], "every progress notification exactly once"
+    assert at_kill and at_kill[0] < STEPS, f"the leader died mid-call (after {at_kill} of {STEPS})"
+    assert executions(setup.exec_log, call_id) == [f"A slow_count {call_id}"]
+
+
+async def test_a_read_follow_is_re_resolved_on_the_new_leader(setup: Setup) -> None:
+    """The client loses A and resumes on B, whose Read(follow) streams A's events from
+    cursorlog; the leader dies while B follows: B re-opens the Read on the new leader from the
+    last event it delivered, and the client never has to resume again."""
+    a, b = setup.replicas["A"], setup.replicas["B"]
+    setup.proxy.route(a.port)
+    call_id = uuid.uuid4().hex
+    seen = Seen()
+    fifth = anyio.Event()
+    followed = anyio.Event()
+    cut_at: list[int] = []
+    at_kill: list[int] = []
+
+    async def on_progress(value: float) -> None:
+        if value >= 5 and not fifth.is_set():
+            setup.proxy.pause()
+            setup.proxy.cut()
+            cut_at.append(int(value))
+            fifth.set()
+            setup.proxy.route(b.port)
+        elif cut_at and value >= cut_at[0] + 5:
+            followed.set()
+
+    async with mcp_session(setup.proxy.url) as (session, ids):
+        await session.initialize()
+        async with anyio.create_task_group() as tg:
+
+            async def kill() -> None:
+                await followed.wait()
+                await setup.kill_leader()
+                at_kill.append(len(seen.progress))
+
+            tg.start_soon(kill)
+            with anyio.fail_after(90):
+                result = await call_slow_count(session, call_id, seen, steps=STEPS, delay_s=0.05, on_progress=on_progress)
+
+    assert text_of(result) == f"{call_id}: counted to {STEPS} on A"
+    assert seen.progress == [float(i) for i in range(1, STEPS + 1)], "every progress notification exactly once"
+    assert at_kill and at_kill[0] < STEPS, f"the leader died mid-call (after {at_kill} of {STEPS})"
+    assert executions(setup.exec_log, call_id) == [f"A slow_count {call_id}"]
+    sid = ids["session"]
+    assert len(resumes(a.log_text(), sid)) + len(resumes(b.log_text(), sid)) == 1, "one resume: the cut only"
+    assert "cursorlog Read at" in b.log_text() and "re-opening at" in b.log_text(), "B's Read was re-opened"
