@@ -183,6 +183,26 @@ impl ReplicatedNode {
         self.proposer.linearizable().await
     }
 
+    /// Resolves once this node does not lead (at once if it does not now): a live `Read`
+    /// follower on it must then move to the new leader, or it would wait for events this
+    /// node will not apply in time, or ever (cut off).
+    pub async fn stopped_leading(&self) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if !leads(&metrics.borrow_watched(), self.id) {
+                return;
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The address of the leader this node knows of, if any.
+    pub fn leader_addr(&self) -> Option<String> {
+        self.status().leader.map(|(_, addr)| addr)
+    }
+
     /// This node's view of the cluster.
     pub fn status(&self) -> NodeStatus {
         let m = self.raft.metrics().borrow_watched().clone();
@@ -244,6 +264,12 @@ impl ReplicatedNode {
             .await
             .map_err(|e| cursorlog_engine::Error::Internal(e.to_string()))?
     }
+}
+
+/// Whether the metrics say node `id` leads: in the leader state and naming itself (a leader
+/// removed from the membership steps down to another state while it may still name itself).
+fn leads(m: &openraft::RaftMetrics<crate::types::TypeConfig>, id: NodeId) -> bool {
+    m.state == ServerState::Leader && m.current_leader == Some(id)
 }
 
 /// `ids` with their addresses in `membership`.
@@ -316,7 +342,7 @@ impl Proposer for RaftProposer {
     fn prepare(&self) -> Result<(), Proposed> {
         let raft = self.raft()?;
         let m = raft.metrics().borrow_watched().clone();
-        if m.current_leader != Some(self.id) {
+        if !leads(&m, self.id) {
             return Err(Proposed::NotLeader {
                 leader: self.addr_of(m.current_leader),
             });
@@ -338,7 +364,7 @@ impl Proposer for RaftProposer {
     fn leads(&self) -> bool {
         self.raft
             .get()
-            .is_some_and(|raft| raft.metrics().borrow_watched().current_leader == Some(self.id))
+            .is_some_and(|raft| leads(&raft.metrics().borrow_watched(), self.id))
     }
 
     fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {

@@ -36,6 +36,16 @@ pub(crate) struct Reader {
     /// The largest event sent so far, in wire bytes (0 before the first): how many events
     /// fit the pipe's room is estimated from it.
     pub(crate) largest_event: AtomicUsize,
+    /// The cluster member serving the call, if any: a follow ends when it stops leading.
+    pub(crate) cluster: Option<cursorlog_replication::ReplicatedNode>,
+}
+
+/// Resolves when `cluster`'s member stops leading; never on a single node.
+async fn deposed(cluster: Option<&cursorlog_replication::ReplicatedNode>) {
+    match cluster {
+        Some(node) => node.stopped_leading().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The size counted for a message that carries no events.
@@ -206,6 +216,7 @@ impl Reader {
                 tokio::select! {
                     () = self.tx.closed() => return Err(Stop::ClientGone),
                     () = shutting_down(&mut self.shutdown) => return self.shut_down(),
+                    () = deposed(self.cluster.as_ref()) => return self.deposed().await,
                     changed = follower.changed() => {
                         if changed.is_err() {
                             return self.shut_down();
@@ -214,6 +225,23 @@ impl Reader {
                 }
             }
         }
+    }
+
+    /// This member stopped leading: the follow ends with `UNAVAILABLE` naming the new
+    /// leader (when known), where the client resumes after the last event it received.
+    async fn deposed(&self) -> Result<(), Stop> {
+        let leader = self.cluster.as_ref().and_then(|c| c.leader_addr());
+        let status = crate::cluster::retry_is(
+            crate::cluster::with_leader(
+                Status::unavailable(match &leader {
+                    Some(l) => format!("this member stopped leading: resume after your last event on the leader at {l}"),
+                    None => "this member stopped leading: resume after your last event on the new leader".into(),
+                }),
+                leader.as_deref(),
+            ),
+            crate::cluster::Retry::Safe,
+        );
+        self.send(Err(status)).await
     }
 
     /// The server (or the engine) is shutting down: tell the client, best effort (a client

@@ -433,6 +433,7 @@ impl CursorLog for CursorLogService {
             batch_events_max,
             batch_bytes_max: (self.message_bytes_max / 2).min(READ_BATCH_BYTES_TARGET),
             largest_event: std::sync::atomic::AtomicUsize::new(0),
+            cluster: self.cluster.clone(),
         };
         tokio::spawn(reader.run(resolution, r.follow, r.resume_own_stream));
         Ok(Response::new(Box::pin(rx)))
