@@ -298,13 +298,7 @@ impl Writer {
             streams.clear();
         }
         let mut txn = Txn::with_streams(&index, streams);
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.clear();
-        self.group_runs.clear();
-        self.touched.clear();
-        self.effects.clear();
-        self.retiring = None;
-        self.leased.clear();
+        let mut buf = self.start_group();
         let mut acks: Acks = Vec::with_capacity(batch.len());
         let mut force_sync = false;
         let first = self.log.next();
@@ -404,6 +398,18 @@ impl Writer {
             .fetch_add(self.log.next_lsn() - first_lsn, Ordering::Relaxed);
         c.last_lsn.store(last_lsn, Ordering::Release);
         self.acknowledge(acks);
+    }
+
+    /// Clears what the previous group left and returns the (emptied) group buffer.
+    fn start_group(&mut self) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        self.group_runs.clear();
+        self.touched.clear();
+        self.effects.clear();
+        self.retiring = None;
+        self.leased.clear();
+        buf
     }
 
     /// Ends the leases this group armed: its streams were never opened (their ids, LSNs of

@@ -48,13 +48,7 @@ impl Writer {
         // No cache of decoded streams between batches: the index changes under the writer
         // (apply runs on openraft's state machine), so the overlay starts from it each time.
         let mut txn = Txn::new(&index);
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.clear();
-        self.group_runs.clear();
-        self.touched.clear();
-        self.effects.clear();
-        self.retiring = None;
-        self.leased.clear();
+        let mut buf = self.start_group();
         let mut planned: Vec<Planned> = Vec::with_capacity(batch.len());
         for Request { cmd, reply, .. } in batch {
             if matches!(
