@@ -22,6 +22,7 @@ use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
+pub mod cluster;
 pub mod fault;
 pub mod proxy;
 

@@ -1,0 +1,559 @@
+//! A three-member `cursorlog` cluster of real processes for fault tests (issue 19 item 7).
+//!
+//! Every directed peer link i→j runs through its own [`Proxy`] (member i is started with
+//! `--peer-route j=<proxy>`), so a test can cut, half-cut or heal any link; clients talk to
+//! the members directly. The members are SIGKILLed, SIGSTOPped, restarted, wiped, and their
+//! segment files damaged while they are down. [`Cluster::call`] is a client that follows the
+//! `cursorlog-leader` hints and tells a failure that may have taken effect from one that did
+//! not (`cursorlog-retry`, a timeout, a broken connection).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
+use tempfile::TempDir;
+use tonic::transport::Channel;
+use tonic::{Code, Response, Status};
+
+use crate::proxy::{Mode, Proxy};
+use crate::{fault, pb, Server, Start};
+
+/// Members in the cluster.
+pub const MEMBERS: usize = 3;
+/// How long one client RPC may take before the harness gives up on it (outcome unknown).
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(3);
+/// The bound of every wait for the cluster (elections and catch-up on a loaded machine).
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// A gRPC client of one member.
+pub type Client = CursorLogClient<Channel>;
+
+/// Who answered a call (see [`Cluster::call`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Answered {
+    /// An earlier attempt may have taken effect.
+    pub uncertain: bool,
+    /// The member that answered.
+    pub member: usize,
+}
+
+/// How a call failed (see [`Cluster::call`]).
+#[derive(Debug)]
+pub struct CallError {
+    /// The final status (not UNAVAILABLE: those are retried until the deadline).
+    pub status: Status,
+    /// An earlier attempt may have taken effect (timeout, broken connection,
+    /// `cursorlog-retry: outcome-unknown`).
+    pub uncertain: bool,
+}
+
+/// Member index of a `cursorlog-leader` hint, if it names one.
+fn hinted(addrs: &[String], status: &Status) -> Option<usize> {
+    let hint = status.metadata().get("cursorlog-leader")?.to_str().ok()?;
+    addrs.iter().position(|a| a == hint)
+}
+
+/// True for an answer [`Cluster::call`] resends after: UNAVAILABLE, and a connection that
+/// broke or closed under the call (the member died: the request may have taken effect).
+fn retried(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled
+    )
+}
+
+/// True when the UNAVAILABLE answer says nothing was proposed.
+pub fn retry_is_safe(status: &Status) -> bool {
+    status
+        .metadata()
+        .get("cursorlog-retry")
+        .and_then(|v| v.to_str().ok())
+        == Some("safe")
+}
+
+/// A free loopback address (bound, then released for a server to bind).
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").to_string()
+}
+
+/// Three members, their data directories, and a proxy on every directed peer link.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Client (and `--peers`) address of each member.
+    pub addrs: Vec<String>,
+    dirs: Vec<TempDir>,
+    channels: Vec<Channel>,
+    /// `proxies[i][j]`: the link member i dials member j through (`None` on the diagonal).
+    proxies: Vec<Vec<Option<Proxy>>>,
+    nodes: Mutex<Vec<Option<Server>>>,
+    extra: Vec<String>,
+    /// The member clients try first (the last one that answered as leader).
+    hint: AtomicUsize,
+}
+
+impl Cluster {
+    /// Starts three members with `extra` flags (timings, segment size) on fresh directories.
+    ///
+    /// # Panics
+    /// When a proxy or a member does not start.
+    pub async fn start(extra: &[&str]) -> Self {
+        let addrs: Vec<String> = (0..MEMBERS).map(|_| free_addr()).collect();
+        let mut proxies = Vec::new();
+        for i in 0..MEMBERS {
+            let mut row = Vec::new();
+            for (j, addr) in addrs.iter().enumerate() {
+                row.push(if i == j {
+                    None
+                } else {
+                    let target: SocketAddr = addr.parse().expect("a socket address");
+                    Some(Proxy::start(target).await.expect("start a link proxy"))
+                });
+            }
+            proxies.push(row);
+        }
+        let channels = addrs
+            .iter()
+            .map(|a| {
+                Channel::from_shared(format!("http://{a}"))
+                    .expect("a valid uri")
+                    .connect_timeout(Duration::from_secs(2))
+                    .connect_lazy()
+            })
+            .collect();
+        let cluster = Self {
+            addrs,
+            dirs: (0..MEMBERS)
+                .map(|_| tempfile::tempdir().expect("temp dir"))
+                .collect(),
+            channels,
+            proxies,
+            nodes: Mutex::new((0..MEMBERS).map(|_| None).collect()),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            hint: AtomicUsize::new(0),
+        };
+        for i in 0..MEMBERS {
+            cluster.restart(i);
+        }
+        cluster
+    }
+
+    /// The `cursorlog serve` arguments of member `i` after `--listen` and `--data-dir`.
+    fn args(&self, i: usize) -> Vec<String> {
+        let peers = self
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(j, a)| format!("{}={a}", j + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut args = vec![
+            "--node-id".to_owned(),
+            (i + 1).to_string(),
+            "--peers".to_owned(),
+            peers,
+            "--disk-reserve-bytes".to_owned(),
+            "0".to_owned(),
+        ];
+        for (j, proxy) in self.proxies[i].iter().enumerate() {
+            if let Some(p) = proxy {
+                args.push("--peer-route".to_owned());
+                args.push(format!("{}={}", j + 1, p.addr()));
+            }
+        }
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    /// Starts member `i` on its directory (it must not be running); panics when it does
+    /// not start listening (use [`Cluster::try_restart`] to observe a refusal).
+    pub fn restart(&self, i: usize) {
+        if let Err(why) = self.try_restart(i) {
+            panic!("member {} did not start: {why}", i + 1);
+        }
+    }
+
+    /// Starts member `i` on its directory; `Err` with what it printed when it exits before
+    /// listening.
+    ///
+    /// # Errors
+    /// The start failure's panic message (it holds the member's stderr).
+    pub fn try_restart(&self, i: usize) -> Result<(), String> {
+        let args = self.args(i);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let start = || {
+            Server::start_with(Start {
+                data_dir: Some(self.dirs[i].path()),
+                listen: Some(&self.addrs[i]),
+                args: &args,
+                ..Start::default()
+            })
+        };
+        let started = tokio::task::block_in_place(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(start))
+        });
+        match started {
+            Ok(server) => {
+                let mut nodes = self.nodes.lock().expect("nodes lock");
+                assert!(nodes[i].is_none(), "member {} is already running", i + 1);
+                nodes[i] = Some(server);
+                Ok(())
+            }
+            Err(panic) => Err(panic
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_else(|| "(no message)".to_owned())),
+        }
+    }
+
+    /// True when member `i` is running (possibly paused).
+    pub fn is_up(&self, i: usize) -> bool {
+        self.nodes.lock().expect("nodes lock")[i].is_some()
+    }
+
+    /// SIGKILLs member `i` (paused or not) and reaps it.
+    pub fn kill(&self, i: usize) {
+        let server = self.nodes.lock().expect("nodes lock")[i].take();
+        if let Some(mut s) = server {
+            tokio::task::block_in_place(|| s.kill());
+        }
+    }
+
+    /// SIGTERMs member `i` and waits for a clean exit.
+    pub fn stop(&self, i: usize) {
+        let server = self.nodes.lock().expect("nodes lock")[i].take();
+        if let Some(mut s) = server {
+            tokio::task::block_in_place(|| s.terminate());
+        }
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        self.nodes.lock().expect("nodes lock")[i]
+            .as_ref()
+            .expect("member is running")
+            .pid()
+    }
+
+    /// SIGSTOPs member `i` (returns once every thread is stopped).
+    pub fn pause(&self, i: usize) {
+        fault::pause(self.pid(i)).expect("SIGSTOP");
+    }
+
+    /// SIGCONTs member `i`.
+    pub fn resume(&self, i: usize) {
+        fault::resume(self.pid(i)).expect("SIGCONT");
+    }
+
+    /// Everything member `i` logged so far (empty when it is down).
+    pub fn logs(&self, i: usize) -> String {
+        self.nodes.lock().expect("nodes lock")[i]
+            .as_ref()
+            .map(Server::logs)
+            .unwrap_or_default()
+    }
+
+    /// Member `i`'s data directory.
+    pub fn dir(&self, i: usize) -> &Path {
+        self.dirs[i].path()
+    }
+
+    /// Deletes everything in member `i`'s data directory (it must be down).
+    pub fn wipe(&self, i: usize) {
+        assert!(!self.is_up(i), "wipe a running member");
+        for entry in std::fs::read_dir(self.dir(i))
+            .expect("read data dir")
+            .flatten()
+        {
+            let path = entry.path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path).expect("remove dir");
+            } else {
+                std::fs::remove_file(&path).expect("remove file");
+            }
+        }
+    }
+
+    /// Member `i`'s segment files in log order.
+    pub fn segments(&self, i: usize) -> Vec<PathBuf> {
+        let mut segs: Vec<PathBuf> = walk(self.dir(i))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+            .collect();
+        segs.sort();
+        segs
+    }
+
+    /// Sets the mode of link i→j.
+    pub fn link(&self, i: usize, j: usize, mode: Mode) {
+        self.proxies[i][j]
+            .as_ref()
+            .expect("no link from a member to itself")
+            .set_mode(mode);
+    }
+
+    /// Every link back to [`Mode::Pass`].
+    pub fn heal(&self) {
+        for row in &self.proxies {
+            for p in row.iter().flatten() {
+                p.set_mode(Mode::Pass);
+            }
+        }
+    }
+
+    /// Cuts member `i` off: `out` stops its bytes to the others, `inbound` the others' bytes
+    /// to it (both: a full partition). Each link carries both directions of the calls its
+    /// initiator makes, so a one-way cut is a half-blackhole on both links of each pair.
+    pub fn isolate(&self, i: usize, out: bool, inbound: bool) {
+        for j in (0..MEMBERS).filter(|j| *j != i) {
+            let (from_i, to_i) = match (out, inbound) {
+                (true, true) => (Mode::Blackhole, Mode::Blackhole),
+                (true, false) => (Mode::BlackholeUpstream, Mode::BlackholeDownstream),
+                (false, true) => (Mode::BlackholeDownstream, Mode::BlackholeUpstream),
+                (false, false) => (Mode::Pass, Mode::Pass),
+            };
+            self.link(i, j, from_i);
+            self.link(j, i, to_i);
+        }
+    }
+
+    /// A client of member `i` (the connection is made lazily and remade after restarts).
+    pub fn client(&self, i: usize) -> Client {
+        CursorLogClient::new(self.channels[i].clone())
+    }
+
+    /// The member clients try first.
+    pub fn hint(&self) -> usize {
+        self.hint.load(Ordering::Relaxed)
+    }
+
+    /// Runs `rpc` on the leader: follows `cursorlog-leader` hints, tries the other members
+    /// when none is named, and resends the same request after any UNAVAILABLE or timeout
+    /// until `WAIT` passes. Any answer but UNAVAILABLE ends the call.
+    ///
+    /// Returns the answer, which member gave it, and whether an earlier attempt may have
+    /// taken effect.
+    ///
+    /// # Errors
+    /// A status other than UNAVAILABLE.
+    ///
+    /// # Panics
+    /// When no member answers within [`WAIT`].
+    pub async fn call<T, F, Fut>(&self, what: &str, mut rpc: F) -> Result<(T, Answered), CallError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let deadline = Instant::now() + WAIT;
+        let mut target = self.hint();
+        let mut uncertain = false;
+        let mut misses = 0_u32;
+        loop {
+            let answer = tokio::time::timeout(RPC_TIMEOUT, rpc(self.client(target))).await;
+            let status = match answer {
+                Ok(Ok(response)) => {
+                    self.hint.store(target, Ordering::Relaxed);
+                    let by = Answered {
+                        uncertain,
+                        member: target,
+                    };
+                    return Ok((response.into_inner(), by));
+                }
+                Ok(Err(status)) if !retried(&status) => {
+                    return Err(CallError { status, uncertain })
+                }
+                Ok(Err(status)) => Some(status),
+                Err(_elapsed) => None,
+            };
+            if Instant::now() >= deadline {
+                self.dump_logs();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: no member answered within {WAIT:?} (last: {status:?})"
+            );
+            // Only an explicit `safe` proves nothing was proposed.
+            uncertain |= !status.as_ref().is_some_and(retry_is_safe);
+            match status.as_ref().and_then(|s| hinted(&self.addrs, s)) {
+                Some(leader) if leader != target => target = leader,
+                _ => {
+                    target = (target + 1) % MEMBERS;
+                    misses += 1;
+                    let backoff = Duration::from_millis(u64::from(misses.min(6)) * 25);
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+        }
+    }
+
+    /// The member that commits a write now, excluding `not` (an isolated or paused old
+    /// leader that may still believe it leads): asks each other member to open the
+    /// harness's session (idempotent) until one accepts, following hints.
+    ///
+    /// # Panics
+    /// When none does within [`WAIT`].
+    pub async fn leader(&self, not: Option<usize>) -> usize {
+        let deadline = Instant::now() + WAIT;
+        let mut backoff = 10;
+        loop {
+            for i in (0..MEMBERS).filter(|i| Some(*i) != not) {
+                if !self.is_up(i) {
+                    continue;
+                }
+                let mut c = self.client(i);
+                let open = c.open_session(pb::OpenSessionRequest {
+                    session: "harness".into(),
+                    state: None,
+                });
+                if let Ok(Ok(_)) = tokio::time::timeout(RPC_TIMEOUT, open).await {
+                    self.hint.store(i, Ordering::Relaxed);
+                    return i;
+                }
+            }
+            if Instant::now() >= deadline {
+                self.dump_logs();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader (excluding {not:?}) within {WAIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(backoff)).await;
+            backoff = (backoff * 2).min(200);
+        }
+    }
+
+    /// Member `i`'s highest written log sequence number (Stats is answered locally).
+    pub async fn last_lsn(&self, i: usize) -> Option<u64> {
+        let mut c = self.client(i);
+        let stats = c.stats(pb::StatsRequest {});
+        match tokio::time::timeout(RPC_TIMEOUT, stats).await {
+            Ok(Ok(s)) => Some(s.into_inner().last_lsn),
+            _ => None,
+        }
+    }
+
+    /// Waits until every running member has written at least what `leader` has now (a
+    /// restarted or wiped follower caught up), so the next fault never takes the only
+    /// complete copy.
+    ///
+    /// # Panics
+    /// When they do not within [`WAIT`].
+    pub async fn wait_caught_up(&self, leader: usize) {
+        let deadline = Instant::now() + WAIT;
+        let target = loop {
+            if let Some(lsn) = self.last_lsn(leader).await {
+                break lsn;
+            }
+            assert!(Instant::now() < deadline, "leader stats unavailable");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        for i in (0..MEMBERS).filter(|i| self.is_up(*i)) {
+            loop {
+                if self.last_lsn(i).await.is_some_and(|l| l >= target) {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    self.dump_logs();
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "member {} did not catch up to lsn {target} within {WAIT:?}",
+                    i + 1
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    /// Makes member `t` the leader: cuts every other member's outgoing links (their
+    /// heartbeats and vote requests), so only `t` can win an election, waits until `t`
+    /// commits a write, then heals.
+    ///
+    /// # Panics
+    /// When `t` does not lead within [`WAIT`].
+    pub async fn force_leader(&self, t: usize) {
+        for i in (0..MEMBERS).filter(|i| *i != t) {
+            for j in (0..MEMBERS).filter(|j| *j != i) {
+                self.link(i, j, Mode::Blackhole);
+            }
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let mut c = self.client(t);
+            let open = c.open_session(pb::OpenSessionRequest {
+                session: "harness".into(),
+                state: None,
+            });
+            if let Ok(Ok(_)) = tokio::time::timeout(RPC_TIMEOUT, open).await {
+                break;
+            }
+            if Instant::now() >= deadline {
+                self.dump_logs();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "member {} did not lead within {WAIT:?}",
+                t + 1
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.heal();
+        self.hint.store(t, Ordering::Relaxed);
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+impl Cluster {
+    /// Prints the last lines of every running member's log (a failure's context); the whole
+    /// logs go to `$CURSORLOG_CLUSTER_LOGS/member-N.log` when that is set.
+    pub fn dump_logs(&self) {
+        let Ok(nodes) = self.nodes.lock() else { return };
+        for (i, node) in nodes.iter().enumerate() {
+            let Some(node) = node else { continue };
+            let logs = node.logs();
+            if let Some(dir) = std::env::var_os("CURSORLOG_CLUSTER_LOGS") {
+                let path = Path::new(&dir).join(format!("member-{}.log", i + 1));
+                let _ = std::fs::write(path, &logs);
+            }
+            let lines: Vec<&str> = logs.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            eprintln!(
+                "---- member {} ({}) log tail ----\n{tail}",
+                i + 1,
+                self.addrs[i]
+            );
+        }
+    }
+}
+
+/// Dumps the members' logs ([`Cluster::dump_logs`]) when dropped during a panic: hold one in
+/// a test so every failure shows what the members said.
+#[derive(Debug)]
+pub struct DumpOnPanic(pub std::sync::Arc<Cluster>);
+
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.dump_logs();
+        }
+    }
+}

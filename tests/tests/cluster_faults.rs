@@ -1,0 +1,379 @@
+//! Issue 19 item 7: three real `cursorlog` members under a concurrent workload, with a fault
+//! per iteration chosen by a seeded RNG (leader SIGKILL, leader SIGSTOP past the election
+//! timeout, leader isolated both ways and one way, all three killed, a follower wiped, its
+//! tail torn, a byte of its sealed segment flipped), and an oracle of every acknowledgement
+//! checked after healing on each member in turn as leader.
+//!
+//! `CURSORLOG_CLUSTER_FAULTS=N` (default 12) and `CURSORLOG_CLUSTER_SEED=S` scale it up;
+//! `CURSORLOG_CLUSTER_KINDS=a,b` runs only those fault kinds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test")]
+
+#[path = "cluster_faults/oracle.rs"]
+mod oracle;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT, WAIT};
+use cursorlog_tests::{event, pb};
+use oracle::{Oracle, Rng, Workload};
+use tonic::Code;
+
+const TIMING: [&str; 6] = [
+    "--election-timeout-ms",
+    "300",
+    "--heartbeat-ms",
+    "50",
+    "--segment-bytes",
+    "16384",
+];
+
+/// The fault kinds, in the order their counts are printed.
+const KINDS: [&str; 9] = [
+    "kill-leader",
+    "pause-leader",
+    "isolate-both",
+    "isolate-out",
+    "isolate-in",
+    "kill-all",
+    "wipe-follower",
+    "tear-tail",
+    "flip-sealed",
+];
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_writes_survive_every_fault_kind() {
+    let faults = env_u64("CURSORLOG_CLUSTER_FAULTS", 12);
+    let seed = env_u64(
+        "CURSORLOG_CLUSTER_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    );
+    eprintln!("cluster_faults: seed {seed}, {faults} faults");
+    let kinds: Vec<&str> = match std::env::var("CURSORLOG_CLUSTER_KINDS") {
+        Ok(only) => KINDS
+            .into_iter()
+            .filter(|k| only.split(',').any(|o| o == *k))
+            .collect(),
+        Err(_) => KINDS.to_vec(),
+    };
+    let mut rng = Rng(seed);
+    let cluster = Arc::new(Cluster::start(&TIMING).await);
+    let _dump = DumpOnPanic(Arc::clone(&cluster));
+    let oracle = Arc::new(Oracle::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for k in 0..3 {
+        let w = Workload {
+            id: k,
+            cluster: Arc::clone(&cluster),
+            oracle: Arc::clone(&oracle),
+            stop: Arc::clone(&stop),
+            rng: Rng(seed ^ (0x9e37_79b9 * (k + 1))),
+        };
+        clients.push(tokio::spawn(w.run()));
+    }
+    oracle.wait_acks(5).await;
+
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut flip_outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut leader = cluster.leader(None).await;
+    let mut failovers = 0_u64;
+    for n in 0..faults {
+        let kind = kinds[(rng.next() % kinds.len() as u64) as usize];
+        eprintln!("fault {n}: {kind} (leader {})", leader + 1);
+        let follower = (leader + 1 + (rng.next() % 2) as usize) % MEMBERS;
+        match kind {
+            "kill-leader" => {
+                cluster.kill(leader);
+                cluster.leader(Some(leader)).await;
+                cluster.restart(leader);
+            }
+            "pause-leader" => pause_leader(&cluster, &oracle, leader).await,
+            "isolate-both" | "isolate-out" | "isolate-in" => {
+                isolate_leader(&cluster, &oracle, leader, kind).await;
+            }
+            "kill-all" => {
+                for i in 0..MEMBERS {
+                    cluster.kill(i);
+                }
+                for i in 0..MEMBERS {
+                    cluster.restart(i);
+                }
+            }
+            "wipe-follower" => {
+                cluster.kill(follower);
+                cluster.wipe(follower);
+                cluster.restart(follower);
+            }
+            "tear-tail" => {
+                cluster.kill(follower);
+                tear_tail(&cluster, follower, &mut rng);
+                cluster.restart(follower);
+            }
+            "flip-sealed" => {
+                let what = flip_sealed(&cluster, follower, &mut rng).await;
+                *flip_outcomes.entry(what).or_default() += 1;
+            }
+            _ => unreachable!("unknown fault kind {kind}"),
+        }
+        cluster.heal();
+        let now = cluster.leader(None).await;
+        if now != leader {
+            failovers += 1;
+        }
+        leader = now;
+        // Every member holds the whole log again before the next fault (one fault at a time:
+        // two at once can take every copy of an entry), and the workload makes progress.
+        cluster.wait_caught_up(leader).await;
+        oracle.wait_acks(3).await;
+        *counts.entry(kind).or_default() += 1;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let max_gap = oracle.stop_clock();
+    cluster.heal();
+    let leader = cluster.leader(None).await;
+    cluster.wait_caught_up(leader).await;
+
+    // Each member in turn leads and serves every stream: all must serve the same bytes.
+    let mut served = Vec::new();
+    for t in 0..MEMBERS {
+        let mut tries = 0;
+        let by_t = loop {
+            cluster.force_leader(t).await;
+            if let Some(s) = oracle.check_served(&cluster, t).await {
+                break s;
+            }
+            tries += 1;
+            assert!(
+                tries < 5,
+                "member {} lost the lead 5 times during the check",
+                t + 1
+            );
+        };
+        served.push(by_t);
+    }
+    for t in 1..MEMBERS {
+        assert!(
+            served[t] == served[0],
+            "member {} serves other streams than member 1",
+            t + 1
+        );
+    }
+    let resolved = oracle.check_cursors(&cluster).await;
+    let report = oracle.report();
+    eprintln!(
+        "cluster_faults totals: seed {seed}; faults {faults} {counts:?}; flip-sealed outcomes \
+         {flip_outcomes:?}; failovers {failovers}; {report}; cursors resolved {resolved}; \
+         max time without an ack {max_gap:?}; lost 0"
+    );
+    oracle.assert_no_violations();
+}
+
+/// SIGSTOPs the leader past the election timeout, lets the others elect and commit over a
+/// write it has in flight, then SIGCONTs it: its in-flight and later answers must never
+/// acknowledge the stale write or give a verdict from before the pause.
+async fn pause_leader(cluster: &Cluster, oracle: &Oracle, leader: usize) {
+    let (epoch, stream) = oracle.probe_stream(cluster, "probe-pause").await;
+    oracle
+        .probe_append(cluster, "probe-pause", stream, 1, b"before")
+        .await;
+    cluster.pause(leader);
+    let mut old = cluster.client(leader);
+    let stale = pb::AppendRequest {
+        session: "probe-pause".into(),
+        stream,
+        expected_next_seq: Some(2),
+        events: vec![event("probe", b"stale while paused")],
+    };
+    let in_flight = tokio::spawn({
+        let stale = stale.clone();
+        async move { tokio::time::timeout(WAIT, old.append(stale)).await }
+    });
+    cluster.leader(Some(leader)).await;
+    oracle
+        .probe_append(cluster, "probe-pause", stream, 2, b"fresh")
+        .await;
+    cluster.resume(leader);
+    let cursor = format!("{epoch}-{stream}-2");
+    let verdict = tokio::time::timeout(
+        RPC_TIMEOUT,
+        cluster.client(leader).resolve(pb::ResolveRequest {
+            session: "probe-pause".into(),
+            last_event_id: cursor.clone(),
+            declared_stream: None,
+        }),
+    )
+    .await;
+    if let Ok(Ok(r)) = verdict {
+        let r = r.into_inner();
+        if r.verdict() != pb::Verdict::Resumable || r.head.unwrap_or(0) < 2 {
+            oracle.violation(format!(
+                "resumed old leader {} answered {cursor} from stale state: {r:?}",
+                leader + 1
+            ));
+        }
+    }
+    let again = tokio::time::timeout(RPC_TIMEOUT, cluster.client(leader).append(stale)).await;
+    for (what, answer) in [
+        ("after resume", again.ok()),
+        ("in flight", in_flight.await.unwrap().ok()),
+    ] {
+        match answer {
+            Some(Ok(r)) => oracle.violation(format!(
+                "old leader {} acknowledged a stale write {what}: {:?}",
+                leader + 1,
+                r.into_inner()
+            )),
+            Some(Err(s)) if ![Code::Unavailable, Code::Aborted].contains(&s.code()) => {
+                oracle.violation(format!("old leader {} answered {what}: {s:?}", leader + 1))
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Cuts the leader off (both ways, only its outgoing bytes, or only its incoming bytes); while
+/// it is cut off it must not acknowledge a write.
+async fn isolate_leader(cluster: &Cluster, oracle: &Oracle, leader: usize, kind: &str) {
+    let (_, stream) = oracle.probe_stream(cluster, "probe-isolate").await;
+    let (out, inbound) = match kind {
+        "isolate-both" => (true, true),
+        "isolate-out" => (true, false),
+        _ => (false, true),
+    };
+    cluster.isolate(leader, out, inbound);
+    let probe = pb::AppendRequest {
+        session: "probe-isolate".into(),
+        stream,
+        expected_next_seq: Some(1),
+        events: vec![event("probe", b"cut off")],
+    };
+    let answer = tokio::time::timeout(RPC_TIMEOUT, cluster.client(leader).append(probe)).await;
+    if let Ok(Ok(r)) = answer {
+        oracle.violation(format!(
+            "leader {} cut off ({kind}) acknowledged a write: {:?}",
+            leader + 1,
+            r.into_inner()
+        ));
+    }
+    if out {
+        // The others stop hearing it and elect another leader.
+        cluster.leader(Some(leader)).await;
+    }
+}
+
+/// Cuts 1..=300 bytes off the end of the follower's last segment (it is down).
+fn tear_tail(cluster: &Cluster, follower: usize, rng: &mut Rng) {
+    let segs = cluster.segments(follower);
+    let last = segs.last().expect("a segment");
+    let len = std::fs::metadata(last).unwrap().len();
+    // Past the segment header (about 100 bytes), into the last records.
+    let cut = (1 + rng.next() % 300).min(len.saturating_sub(128));
+    let file = std::fs::OpenOptions::new().write(true).open(last).unwrap();
+    file.set_len(len - cut).unwrap();
+}
+
+/// Flips a byte in a sealed segment of the follower while it is down and restarts it;
+/// returns what the member did. A member that refuses to start is wiped and recovers from
+/// its peers; one that starts must never serve the damaged bytes (checked at the end, when
+/// it leads).
+async fn flip_sealed(cluster: &Cluster, follower: usize, rng: &mut Rng) -> String {
+    cluster.kill(follower);
+    let segs = cluster.segments(follower);
+    if segs.len() < 2 {
+        cluster.restart(follower);
+        return "no sealed segment yet".into();
+    }
+    let sealed = &segs[(rng.next() % (segs.len() as u64 - 1)) as usize];
+    let mut bytes = std::fs::read(sealed).unwrap();
+    let at = (rng.next() % bytes.len() as u64) as usize;
+    bytes[at] ^= 0x5a;
+    std::fs::write(sealed, &bytes).unwrap();
+    match cluster.try_restart(follower) {
+        Ok(()) => {
+            let corrupt = cluster.logs(follower).to_lowercase().contains("corrupt");
+            format!("started (corruption logged at start: {corrupt})")
+        }
+        Err(why) => {
+            let line = why
+                .lines()
+                .find(|l| l.contains("ERROR") || l.to_lowercase().contains("corrupt"))
+                .unwrap_or("(no error line)")
+                .to_owned();
+            eprintln!(
+                "flip-sealed: member {} refused to start: {line}",
+                follower + 1
+            );
+            cluster.wipe(follower);
+            cluster.restart(follower);
+            "refused to start; wiped and recovered from peers".into()
+        }
+    }
+}
+
+/// A follower that lost its log (data directory wiped) or its tail (torn while down) rejoins
+/// and catches up from the leader, and the leader keeps serving writes.
+async fn follower_rejoins_after(damage: fn(&Cluster, usize, &mut Rng)) {
+    let cluster = Arc::new(Cluster::start(&TIMING).await);
+    let _dump = DumpOnPanic(Arc::clone(&cluster));
+    let oracle = Oracle::default();
+    let leader = cluster.leader(None).await;
+    let (_, stream) = oracle.probe_stream(&cluster, "probe-rejoin").await;
+    for seq in 1..=20 {
+        oracle
+            .probe_append(&cluster, "probe-rejoin", stream, seq, b"before")
+            .await;
+    }
+    cluster.wait_caught_up(leader).await;
+    let follower = (leader + 1) % MEMBERS;
+    cluster.kill(follower);
+    damage(&cluster, follower, &mut Rng(7));
+    cluster.restart(follower);
+    for seq in 21..=30 {
+        oracle
+            .probe_append(&cluster, "probe-rejoin", stream, seq, b"after")
+            .await;
+    }
+    cluster.wait_caught_up(cluster.leader(None).await).await;
+    let t = cluster.leader(None).await;
+    assert!(
+        oracle.check_served(&cluster, t).await.is_some(),
+        "leader moved"
+    );
+    assert!(
+        !cluster.logs(leader).contains("RaftCore exited"),
+        "the leader's Raft core died when the follower rejoined:\n{}",
+        cluster
+            .logs(leader)
+            .lines()
+            .filter(|l| l.contains("RaftCore exited") || l.contains("panicked at"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    oracle.assert_no_violations();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_follower_rejoins_and_the_leader_keeps_leading() {
+    follower_rejoins_after(|c, i, _| c.wipe(i)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_with_a_torn_tail_rejoins_and_the_leader_keeps_leading() {
+    follower_rejoins_after(tear_tail).await;
+}
