@@ -39,8 +39,7 @@ use cut::Purged;
 
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
 
-/// The vote's file in the data directory.
-pub(crate) const VOTE_FILE: &str = "VOTE";
+use crate::format::VOTE_FILE;
 /// The committed index's file.
 const COMMITTED_FILE: &str = "COMMITTED";
 /// The last purged entry's file.

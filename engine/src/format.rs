@@ -90,6 +90,9 @@ pub const SEGMENT_EXTENSION: &str = "seg";
 pub const INDEX_DIR: &str = "index";
 /// The lock file inside the data directory.
 pub const LOCK_FILE: &str = "LOCK";
+/// A cluster member's saved vote (FORMAT.md "Replicated log files"); its presence marks a
+/// member's data directory.
+pub const VOTE_FILE: &str = "VOTE";
 
 const _: () = assert!(
     SEGMENT_HEADER_BYTES == 80,

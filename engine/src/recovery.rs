@@ -362,7 +362,7 @@ fn replay_segment<S: FrameSource>(
 /// cluster wrote (it has a saved vote): a single-node open would append to that log without
 /// consensus, and the members' logs would differ.
 fn refuse_cluster_member(dir: &std::path::Path) -> Result<()> {
-    let vote = dir.join(crate::entry_log::VOTE_FILE);
+    let vote = dir.join(crate::format::VOTE_FILE);
     if vote.exists() {
         return Err(Error::UnsupportedFormat {
             path: vote,
