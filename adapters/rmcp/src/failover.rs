@@ -95,10 +95,14 @@ pub(crate) struct Refusal {
     pub(crate) retry: RetryHint,
 }
 
-/// Whether `status` is a refusal worth another attempt (`UNAVAILABLE`, or `UNKNOWN` as a
-/// broken connection surfaces), and what it says; `None` for a real answer.
+/// Whether `status` is a refusal worth another attempt (`UNAVAILABLE`, or `UNKNOWN` and
+/// `CANCELLED` as a connection that broke under a call surfaces: the adapter never cancels a
+/// call it still awaits), and what it says; `None` for a real answer.
 pub(crate) fn refusal(status: &Status) -> Option<Refusal> {
-    if !matches!(status.code(), Code::Unavailable | Code::Unknown) {
+    if !matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled
+    ) {
         return None;
     }
     let header = |name| {
@@ -504,6 +508,14 @@ mod tests {
         // A dead connection says nothing: the outcome is unknown.
         assert_eq!(
             refusal(&Status::unknown("connection reset")).unwrap().retry,
+            RetryHint::Unknown
+        );
+        assert_eq!(
+            refusal(&Status::cancelled(
+                "operation was canceled: connection closed"
+            ))
+            .unwrap()
+            .retry,
             RetryHint::Unknown
         );
         assert_eq!(refusal(&Status::failed_precondition("terminated")), None);

@@ -207,6 +207,18 @@ async fn leader_killed_while_a_resumed_call_follows_it_reads_on_without_duplicat
         "every progress notification exactly once"
     );
     proxy.assert_steps_in_order();
+    // The call's own stream (ids `….n<request>`; the standalone GET stream resumes too).
+    let call_resumes: Vec<String> = proxy
+        .resumes()
+        .into_iter()
+        .filter(|id| id.contains(".n"))
+        .collect();
+    assert_eq!(
+        call_resumes.len(),
+        1,
+        "B read on from the new leader by itself: the client did not resume the call again: {:?}",
+        proxy.resumes()
+    );
     assert_eq!(executions(&members.log).len(), 1, "the tool ran once");
     let outcome = outcome_on_leader(&members).await;
     assert_eq!(outcome.terminal_seq, Some(STEPS + 1));
