@@ -440,6 +440,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn writes_a_follower_refuses_go_to_the_leader_it_names_opens_included() {
+        let (follower, leader) = (Arc::new(Fake::default()), Arc::new(Fake::default()));
+        let leader_addr = fake::serve(leader.clone()).await;
+        *follower.leader_is.lock().unwrap() = Some(leader_addr.to_string());
+        let follower_addr = fake::serve(follower.clone()).await;
+        let conn = Client::to_members(
+            &[format!("http://{follower_addr}")],
+            None,
+            crate::BearerToken::default(),
+            crate::Failover::default(),
+        );
+        let appender = Appender::spawn(
+            conn,
+            BatchConfig {
+                max_in_flight: 1,
+                ..config(0)
+            },
+        );
+        let (opened, appended) = tokio::join!(appender.write(open()), appender.write(append(8, 1)));
+        assert!(matches!(opened.unwrap(), Written::Opened(o) if o.stream == 100));
+        assert!(matches!(appended.unwrap(), Written::Appended(a) if a.stream == 8));
+        assert_eq!(follower.batch_calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            leader.opens.load(Ordering::SeqCst),
+            1,
+            "nothing was proposed on the follower: the open is resent, once"
+        );
+        // Later writes go straight to the leader.
+        appender.write(append(8, 2)).await.unwrap();
+        assert_eq!(follower.batch_calls.load(Ordering::SeqCst), 1);
+        assert_eq!(leader.batch_calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
     async fn a_refused_item_fails_alone_and_is_not_retried() {
         let fake = Arc::new(Fake::default());
         *fake.refused_stream.lock().unwrap() = Some(9);

@@ -25,6 +25,9 @@ pub(crate) struct Fake {
     pub(crate) refused_stream: Mutex<Option<u64>>,
     /// `(session, stream)` of every KeepAlive.
     pub(crate) keepalives: Mutex<Vec<(String, u64)>>,
+    /// When set, this fake is a follower: every batch item fails UNAVAILABLE "this node is
+    /// not the leader (the leader is at ADDR)", as a replicated cursorlog's follower answers.
+    pub(crate) leader_is: Mutex<Option<String>>,
     /// `GetSessionResponse.idle_ttl_ms`.
     pub(crate) idle_ttl_ms: u64,
     pub(crate) changed: Notify,
@@ -39,6 +42,19 @@ fn unimplemented<T>() -> Result<T, Status> {
 
 /// Starts the fake on a free port and returns a client for it.
 pub(crate) async fn start(fake: Arc<Fake>) -> Client {
+    let addr = serve(fake).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    Client::from_channel(
+        channel,
+        BearerToken::default(),
+        crate::failover::Failover::no_wait(),
+    )
+}
+
+/// Starts the fake on a free port and returns its address.
+pub(crate) async fn serve(fake: Arc<Fake>) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -49,14 +65,7 @@ pub(crate) async fn start(fake: Arc<Fake>) -> Client {
             .add_service(CursorLogServer::new(Service(fake)))
             .serve_with_incoming(incoming),
     );
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("endpoint")
-        .connect_lazy();
-    Client::from_channel(
-        channel,
-        BearerToken::default(),
-        crate::failover::Failover::no_wait(),
-    )
+    addr
 }
 
 type Stream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
@@ -135,6 +144,7 @@ impl CursorLog for Service {
             return Err(Status::unavailable("the fake drops this call in transit"));
         }
         let refused = *self.0.refused_stream.lock().expect("lock");
+        let leader = self.0.leader_is.lock().expect("lock").clone();
         let results = r
             .into_inner()
             .items
@@ -142,6 +152,14 @@ impl CursorLog for Service {
             .map(|item| {
                 use pb::batch_result::Result as R;
                 let result = match item.item {
+                    _ if leader.is_some() => R::Failure(pb::Failure {
+                        code: tonic::Code::Unavailable as i32,
+                        message: format!(
+                            "this node is not the leader (the leader is at {}): send writes to \
+                             the leader",
+                            leader.as_deref().unwrap_or_default()
+                        ),
+                    }),
                     Some(pb::batch_item::Item::Append(a)) if Some(a.stream) == refused => {
                         R::Failure(pb::Failure {
                             code: tonic::Code::FailedPrecondition as i32,
