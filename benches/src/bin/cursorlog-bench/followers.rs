@@ -232,17 +232,19 @@ async fn wait_followers(
 
 /// What one phase measured.
 #[derive(Debug, Clone)]
-struct Measured {
-    events_per_sec: f64,
-    p50_ms: f64,
-    p99_ms: f64,
+pub(crate) struct Measured {
+    /// Requests (appends) per second.
+    pub(crate) ops_per_sec: f64,
+    pub(crate) events_per_sec: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
     /// Server CPU over the window, in cores.
-    server_cpu: Option<f64>,
+    pub(crate) server_cpu: Option<f64>,
     /// The server's resident set at the end of the window, MiB.
     server_rss_mib: Option<f64>,
     /// The server's events per fdatasync over the window (its group-commit size).
     events_per_fsync: Option<f64>,
-    errors: u64,
+    pub(crate) errors: u64,
 }
 
 /// One measured phase.
@@ -254,7 +256,7 @@ struct Phase {
     m: Measured,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
@@ -264,7 +266,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs the producers for one warm-up + window and measures them.
-async fn measure(
+pub(crate) async fn measure(
     cli: &Cli,
     prepared: &crate::workloads::Prepared,
     producers: &[Client],
@@ -297,9 +299,10 @@ async fn measure(
     let rss = pid.and_then(|p| probe::rss_bytes(p).ok());
     let after = stats(stats_client).await;
     let mut latency = histogram();
-    let (mut events, mut errors) = (0, 0);
+    let (mut ops, mut events, mut errors) = (0, 0, 0);
     while let Some(w) = set.join_next().await {
         let w = w?;
+        ops += w.ops;
         events += w.events;
         errors += w.errors;
         if let Some(h) = w.hists.get(prepared.primary()) {
@@ -319,6 +322,7 @@ async fn measure(
     let ms = |q| latency.value_at_quantile(q) as f64 / 1000.0;
     let window = duration.as_secs_f64();
     Ok(Measured {
+        ops_per_sec: ops as f64 / window,
         events_per_sec: events as f64 / window,
         p50_ms: ms(0.5),
         p99_ms: ms(0.99),

@@ -7,6 +7,7 @@
 //! cursorlog-bench --spawn mixed --clients 50 --reconnect-pct 10
 //! cursorlog-bench --spawn --warmup 120 --duration 1800 soak --session-idle-ttl-secs 30 ...
 //! cursorlog-bench --spawn --warmup 2 --duration 10 followers --followers 10000 --rounds 3
+//! cursorlog-bench --warmup 2 --duration 10 replicated --kills 20 --catchup-mib 256
 //! ```
 //!
 //! Each worker (producer, client, reader) runs one request at a time, as fast as the server
@@ -15,8 +16,11 @@
 //! group-commit counters over the window) goes to stdout and, with `--json PATH`, to a file.
 //! Every run is bounded by `--warmup` + `--duration` and optionally by `--ops`.
 
+mod cluster;
+mod failover;
 mod followers;
 mod probe;
+mod replicated;
 mod report;
 mod soak;
 mod soak_fleet;
@@ -183,6 +187,9 @@ pub enum Workload {
     Soak(soak::SoakArgs),
     /// Durable append throughput with N idle followers vs none, in interleaved rounds.
     Followers(followers::FollowersArgs),
+    /// Replicated (3 processes) vs single node in one run: append throughput per batch size,
+    /// failover times, catch-up of a wiped follower. Starts its own servers (ignores --spawn).
+    Replicated(replicated::ReplicatedArgs),
 }
 
 impl Workload {
@@ -275,7 +282,7 @@ fn main() -> Result<ExitCode, BoxError> {
         .worker_threads(cli.threads.max(1))
         .enable_all()
         .build()?;
-    let mut server = if cli.spawn {
+    let mut server = if cli.spawn && !matches!(cli.workload, Workload::Replicated(_)) {
         let bin = match &cli.server_bin {
             Some(b) => b.clone(),
             None => spawn::default_server_bin()?,
@@ -299,6 +306,18 @@ fn main() -> Result<ExitCode, BoxError> {
             Workload::Followers(args) => followers::run(&cli, args, &addr, server_pid)
                 .await
                 .map(Finished::Verdict),
+            Workload::Replicated(args) => {
+                let bin = match &cli.server_bin {
+                    Some(b) => Ok(b.clone()),
+                    None => spawn::default_server_bin(),
+                };
+                match bin {
+                    Ok(bin) => replicated::run(&cli, args, &bin)
+                        .await
+                        .map(Finished::Verdict),
+                    Err(e) => Err(e),
+                }
+            }
             _ => run(&cli, &addr, server_pid)
                 .await
                 .map(|r| Finished::Report(Box::new(r))),
@@ -353,8 +372,8 @@ async fn run(cli: &Cli, addr: &str, server_pid: Option<u32>) -> Result<Report, B
         Workload::Append { producers, .. } => *producers,
         Workload::Resolve { clients, .. } | Workload::Mixed { clients, .. } => *clients,
         Workload::Replay { readers, .. } => *readers,
-        Workload::Soak(_) | Workload::Followers(_) => {
-            return Err("soak and followers are not closed-loop workloads".into())
+        Workload::Soak(_) | Workload::Followers(_) | Workload::Replicated(_) => {
+            return Err("soak, followers and replicated are not closed-loop workloads".into())
         }
     }
     .max(1);

@@ -53,13 +53,31 @@ impl Spawned {
             .tempdir_in(cursorlog_benches::bench_root())?;
         let data = dir.path().join("data");
         let log_path = dir.path().join("server.log");
-        let log = std::fs::File::create(&log_path)?;
+        let mut s = Self::start_at(bin, "127.0.0.1:0", &data, &log_path, sync, extra)?;
+        s.dir = Some(dir);
+        Ok(s)
+    }
+
+    /// Starts `bin serve --listen <listen> --data-dir <data> --sync <sync> <extra>` with its
+    /// stderr appended to `log_path`; the caller owns (and removes) both paths.
+    pub fn start_at(
+        bin: &Path,
+        listen: &str,
+        data: &Path,
+        log_path: &Path,
+        sync: &str,
+        extra: &[String],
+    ) -> Result<Self, BoxError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path)?;
         let mut child = Command::new(bin)
             .arg("serve")
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(listen)
             .arg("--data-dir")
-            .arg(&data)
+            .arg(data)
             .arg("--sync")
             .arg(sync)
             .args(extra)
@@ -95,7 +113,7 @@ impl Spawned {
                 Err(_) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    let log = std::fs::read_to_string(log_path).unwrap_or_default();
                     return Err(
                         format!("cursorlog did not print `listening on`; stderr:\n{log}").into(),
                     );
@@ -111,10 +129,16 @@ impl Spawned {
         Ok(Self {
             child,
             addr,
-            log_path,
-            data_dir: data,
-            dir: Some(dir),
+            log_path: log_path.to_owned(),
+            data_dir: data.to_owned(),
+            dir: None,
         })
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// The server's process id.

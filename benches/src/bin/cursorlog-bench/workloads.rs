@@ -281,7 +281,7 @@ pub async fn prepare(
                 }),
             })
         }
-        Workload::Soak(_) | Workload::Followers(_) => {
+        Workload::Soak(_) | Workload::Followers(_) | Workload::Replicated(_) => {
             Err("soak and followers have their own drivers, not a closed-loop setup".into())
         }
         Workload::Mixed {
