@@ -190,7 +190,8 @@ class Replica:
             env=env,
         )
         try:
-            _wait_port(self.port, self.proc, self.log)
+            # Generous: importing the SDK stack takes tens of seconds on a loaded 2-core machine.
+            _wait_port(self.port, self.proc, self.log, timeout_s=90.0)
         except BaseException:
             self.kill()
             raise

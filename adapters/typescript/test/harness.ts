@@ -132,7 +132,8 @@ export class Replica {
       env: { ...process.env, ...env },
     });
     const proc = new Proc(name, child);
-    const m = await proc.line(/^listening on (http:\/\/127\.0\.0\.1:(\d+)\/mcp)$/);
+    // Generous: a loaded 2-core machine starts node slowly.
+    const m = await proc.line(/^listening on (http:\/\/127\.0\.0\.1:(\d+)\/mcp)$/, 60_000);
     return new Replica(proc, m[1]!, Number(m[2]!));
   }
 
@@ -262,7 +263,7 @@ export class CursorlogCluster {
       );
       cluster.nodes.push(new Proc(`cursorlog-${i + 1}`, child));
     }
-    await Promise.all(cluster.nodes.map((n) => n!.line(/^listening on /)));
+    await Promise.all(cluster.nodes.map((n) => n!.line(/^listening on /, 60_000)));
     return cluster;
   }
 
