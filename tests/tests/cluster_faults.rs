@@ -15,6 +15,7 @@ mod oracle;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT, WAIT};
 use cursorlog_tests::{event, pb};
@@ -50,8 +51,33 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The kinds that damage a follower's log or cut only the leader's inbound links: each
+/// currently breaks the cluster (see the tests below and the report of issue 19 item 7).
+const LOG_DAMAGE: [&str; 4] = ["wipe-follower", "tear-tail", "flip-sealed", "isolate-in"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "product bugs: a follower whose log goes back kills the leader's Raft core \
+            (wipe-follower, flip-sealed), a torn follower refuses to start (tear-tail), a \
+            retried append is acknowledged as a duplicate from uncommitted state and lost \
+            (isolate-in, CURSORLOG_CLUSTER_SEED=2); see \
+            a_wiped_follower_rejoins_and_the_leader_keeps_leading"]
 async fn acknowledged_writes_survive_every_fault_kind() {
+    run(&KINDS).await;
+}
+
+/// The fault kinds that leave every member's log intact (CI runs these by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_writes_survive_leader_faults() {
+    let kinds: Vec<&str> = KINDS
+        .into_iter()
+        .filter(|k| !LOG_DAMAGE.contains(k))
+        .collect();
+    run(&kinds).await;
+}
+
+/// `CURSORLOG_CLUSTER_FAULTS` faults drawn from `default_kinds` (or `CURSORLOG_CLUSTER_KINDS`)
+/// under the workload, then the oracle's checks on each member as leader.
+async fn run(default_kinds: &[&'static str]) {
     let faults = env_u64("CURSORLOG_CLUSTER_FAULTS", 12);
     let seed = env_u64(
         "CURSORLOG_CLUSTER_SEED",
@@ -61,12 +87,12 @@ async fn acknowledged_writes_survive_every_fault_kind() {
             .as_nanos() as u64,
     );
     eprintln!("cluster_faults: seed {seed}, {faults} faults");
-    let kinds: Vec<&str> = match std::env::var("CURSORLOG_CLUSTER_KINDS") {
+    let kinds: Vec<&'static str> = match std::env::var("CURSORLOG_CLUSTER_KINDS") {
         Ok(only) => KINDS
             .into_iter()
             .filter(|k| only.split(',').any(|o| o == *k))
             .collect(),
-        Err(_) => KINDS.to_vec(),
+        Err(_) => default_kinds.to_vec(),
     };
     let mut rng = Rng(seed);
     let cluster = Arc::new(Cluster::start(&TIMING).await);
@@ -139,6 +165,10 @@ async fn acknowledged_writes_survive_every_fault_kind() {
         cluster.wait_caught_up(leader).await;
         oracle.wait_acks(3).await;
         *counts.entry(kind).or_default() += 1;
+        eprintln!(
+            "after fault {n}: {counts:?}; failovers {failovers}; {}",
+            oracle.report()
+        );
     }
     stop.store(true, Ordering::SeqCst);
     for c in clients {
@@ -369,11 +399,50 @@ async fn follower_rejoins_after(damage: fn(&Cluster, usize, &mut Rng)) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "product bug: the leader's Raft core panics (follower log reversion)"]
 async fn a_wiped_follower_rejoins_and_the_leader_keeps_leading() {
     follower_rejoins_after(|c, i, _| c.wipe(i)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "product bug: the torn follower refuses to start (committed index past its log)"]
 async fn a_follower_with_a_torn_tail_rejoins_and_the_leader_keeps_leading() {
     follower_rejoins_after(tear_tail).await;
+}
+
+/// A leader cut off from both peers cannot commit: neither an append nor its retry (same
+/// `expected_next_seq`, recognised as a duplicate of the entry it proposed but never
+/// committed) may be acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_is_never_acknowledged_from_uncommitted_state() {
+    let cluster = Arc::new(Cluster::start(&TIMING).await);
+    let _dump = DumpOnPanic(Arc::clone(&cluster));
+    let oracle = Oracle::default();
+    let (_, stream) = oracle.probe_stream(&cluster, "probe-retry").await;
+    oracle
+        .probe_append(&cluster, "probe-retry", stream, 1, b"committed")
+        .await;
+    let leader = cluster.leader(None).await;
+    cluster.isolate(leader, true, true);
+    let request = pb::AppendRequest {
+        session: "probe-retry".into(),
+        stream,
+        expected_next_seq: Some(2),
+        events: vec![event("probe", b"never committed")],
+    };
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        // Long enough for the member to give up on the entry and answer (outcome unknown).
+        let answer = tokio::time::timeout(
+            Duration::from_secs(30),
+            cluster.client(leader).append(request.clone()),
+        )
+        .await;
+        answers.push(format!("{answer:?}"));
+        assert!(
+            !matches!(answer, Ok(Ok(_))),
+            "a leader cut off from every peer acknowledged an append (attempts: {answers:#?})"
+        );
+    }
+    cluster.heal();
 }

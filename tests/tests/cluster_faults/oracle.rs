@@ -313,10 +313,12 @@ impl Oracle {
         let completed = s.streams.values().filter(|r| r.completed.is_some()).count();
         format!(
             "acknowledged events {} in {} streams ({completed} completed), retries confirmed by \
-             a read {}",
+             a read {}, violations so far {}, longest without an ack {:?}",
             s.acks,
             s.streams.len(),
-            s.retries_confirmed_by_read
+            s.retries_confirmed_by_read,
+            s.violations.len(),
+            s.max_gap
         )
     }
 
