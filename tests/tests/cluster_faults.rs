@@ -20,7 +20,6 @@ use std::time::Duration;
 use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT, WAIT};
 use cursorlog_tests::{event, pb};
 use oracle::{Oracle, Rng, Workload};
-use tonic::Code;
 
 const TIMING: [&str; 6] = [
     "--election-timeout-ms",
@@ -269,9 +268,7 @@ async fn pause_leader(cluster: &Cluster, oracle: &Oracle, leader: usize) {
                 leader + 1,
                 r.into_inner()
             )),
-            Some(Err(s)) if ![Code::Unavailable, Code::Aborted].contains(&s.code()) => {
-                oracle.violation(format!("old leader {} answered {what}: {s:?}", leader + 1))
-            }
+            // Any refusal or broken call is not an acknowledgement.
             _ => {}
         }
     }
