@@ -262,14 +262,13 @@ async fn pause_leader(cluster: &Cluster, oracle: &Oracle, leader: usize) {
         ("after resume", again.ok()),
         ("in flight", in_flight.await.unwrap().ok()),
     ] {
-        match answer {
-            Some(Ok(r)) => oracle.violation(format!(
+        // Any refusal or broken call is not an acknowledgement.
+        if let Some(Ok(r)) = answer {
+            oracle.violation(format!(
                 "old leader {} acknowledged a stale write {what}: {:?}",
                 leader + 1,
                 r.into_inner()
-            )),
-            // Any refusal or broken call is not an acknowledgement.
-            _ => {}
+            ));
         }
     }
 }
