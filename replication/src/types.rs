@@ -122,6 +122,12 @@ impl ClusterTiming {
     /// - `enable_pre_vote`: a node that was cut off asks before it bumps its term, so it does
     ///   not depose a healthy leader when it comes back (the network forwards `pre_vote`; the
     ///   trait's default would grant it without asking).
+    /// - `allow_log_reversion`: a member whose log went back (its directory was wiped, or its
+    ///   disk lost entries) is sent the log again from where it now ends. Without it the
+    ///   leader stops replicating to that member for good (a debug build's leader panics:
+    ///   measured by the catch-up benchmark). The member's lost *vote* is the hazard that
+    ///   remains (it could vote twice in a term): README says to remove a member before
+    ///   wiping it and add it back after.
     /// - `SnapshotPolicy::Never`: openraft never builds a snapshot on its own. In cursorlog a
     ///   snapshot is the retained sealed segments, and the log is purged only by retention,
     ///   which builds the snapshot that covers what it deletes; an automatic snapshot every
@@ -138,6 +144,7 @@ impl ClusterTiming {
             election_timeout_max: millis(self.election_max),
             install_snapshot_timeout: millis(self.install_snapshot),
             enable_pre_vote: Some(true),
+            allow_log_reversion: Some(true),
             snapshot_policy: openraft::SnapshotPolicy::Never,
             ..Default::default()
         }

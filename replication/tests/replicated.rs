@@ -240,6 +240,21 @@ async fn three_nodes_serve_the_same_log_through_a_leader_change_and_a_restart() 
         views[0]
     );
     assert!(views.iter().all(|v| v == &views[0]), "{views:#?}");
+
+    // A follower's directory is wiped: restarted empty, it is sent the whole log again.
+    let wiped = *nodes.keys().find(|id| **id != new_leader).unwrap();
+    nodes.remove(&wiped).unwrap().stop().await;
+    std::fs::remove_dir_all(dirs[&wiped].path()).unwrap();
+    std::fs::create_dir_all(dirs[&wiped].path()).unwrap();
+    let l = TcpListener::bind(&members[&wiped].addr).await.unwrap();
+    nodes.insert(wiped, start(wiped, dirs[&wiped].path(), l, &members).await);
+    let engine = nodes[&new_leader].node.engine().clone();
+    blocking(&engine, |e| {
+        e.open_session("after-wipe").unwrap();
+    })
+    .await;
+    let views = converged(&nodes, new_leader).await;
+    assert!(views.iter().all(|v| v == &views[0]), "{views:#?}");
     for (_, r) in nodes {
         r.stop().await;
     }
