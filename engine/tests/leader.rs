@@ -29,6 +29,11 @@ struct LocalCluster {
     blank_first: AtomicBool,
     /// This node is a follower whose leader is at this address.
     follower_of: Mutex<Option<String>>,
+    /// The next batch waits here (after saying so on `entered`) before it settles.
+    hold: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+    /// How many coming batches settle as "outcome unknown", with nothing appended (a
+    /// leader that lost its quorum while they were in flight).
+    unknown_batches: std::sync::atomic::AtomicUsize,
 }
 
 impl LocalCluster {
@@ -67,6 +72,17 @@ impl Proposer for LocalCluster {
     }
 
     fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
+        if let Some((entered, release)) = self.hold.lock().unwrap().take() {
+            entered.send(()).unwrap();
+            release.recv().unwrap();
+        }
+        if self
+            .unknown_batches
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return vec![Proposed::Unknown("lost the quorum".into()); entries.len()];
+        }
         if self.blank_first.swap(false, Ordering::AcqRel) {
             let blank = self.append_committed(vec![EntryPayload::Blank]);
             let engine = self.engine.lock().unwrap().clone().unwrap();
@@ -107,6 +123,8 @@ fn open_leader(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, Arc<LocalCluste
         engine: Mutex::new(None),
         blank_first: AtomicBool::new(false),
         follower_of: Mutex::new(None),
+        hold: Mutex::new(None),
+        unknown_batches: std::sync::atomic::AtomicUsize::new(0),
     });
     let engine = Engine::open_replicated(
         config_at(dir, clock),
@@ -262,4 +280,59 @@ fn a_cluster_members_directory_is_refused_by_a_single_node_open_before_anything_
         .map(|p| std::fs::read(p).unwrap())
         .collect();
     assert_eq!(before, after, "the refused open wrote nothing");
+}
+
+#[test]
+fn a_retry_planned_beside_the_append_it_repeats_is_not_acknowledged_when_that_append_fails() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    let (_, stream) = new_stream(&leader, "s", None);
+    let append = cursorlog_engine::Append {
+        session: "s".into(),
+        stream,
+        expected_next_seq: Some(1),
+        events: vec![cursorlog_engine::NewEvent::new("k", b"x".to_vec())],
+    };
+    // The first attempt's batch is held in flight; two resends of it queue meanwhile, and
+    // both go into the next batch: the first is planned as the append, the second as a
+    // duplicate of it (no entry of its own). Neither batch commits.
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    *cluster.hold.lock().unwrap() = Some((entered_tx, release_rx));
+    cluster.unknown_batches.store(2, Ordering::Release);
+    let first = {
+        let (leader, append) = (leader.clone(), append.clone());
+        std::thread::spawn(move || leader.append(append))
+    };
+    entered.recv().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let resends = rt.block_on(async {
+        let spawn = || {
+            let (leader, append) = (leader.clone(), append.clone());
+            tokio::spawn(async move { leader.append_async(append).await })
+        };
+        let resends = [spawn(), spawn()];
+        // Each resend runs to its first wait: it is queued behind the held batch.
+        tokio::task::yield_now().await;
+        release.send(()).unwrap();
+        let mut out = Vec::new();
+        for r in resends {
+            out.push(r.await.unwrap());
+        }
+        out
+    });
+    assert!(matches!(first.join().unwrap(), Err(Error::NotConfirmed(_))));
+    for r in &resends {
+        assert!(
+            matches!(r, Err(Error::NotConfirmed(_))),
+            "a resend was answered from an append that never committed: {resends:?}"
+        );
+    }
+    let head = leader.streams().unwrap()[0].head;
+    assert_eq!(head, 0, "nothing was appended");
+    close(leader, &cluster);
 }

@@ -116,12 +116,17 @@ impl Writer {
         let leased = std::mem::take(&mut self.leased);
         let mut acks: Acks = Vec::with_capacity(planned.len());
         let mut kept = Vec::new();
+        // A request was planned against the state the batch's earlier groups leave (a retry
+        // answered as a duplicate of an append planned just before it has no group of its
+        // own): it stands only if every group up to its own applied, not just its own.
+        let first_failed = (0..outcomes.len().max(self_groups(&planned)))
+            .map(|g| (g, outcomes.get(g).cloned().unwrap_or(MISSING)))
+            .find(|(_, o)| !matches!(o, Proposed::Applied));
         for p in planned {
-            let failed = p
-                .groups
-                .clone()
-                .map(|g| outcomes.get(g).cloned().unwrap_or(MISSING))
-                .find(|o| !matches!(o, Proposed::Applied));
+            let failed = first_failed
+                .as_ref()
+                .filter(|(g, _)| *g < p.groups.end)
+                .map(|(_, o)| o.clone());
             match failed {
                 None => {
                     kept.extend(effects[p.effects].iter_mut().filter_map(Option::take));
@@ -153,6 +158,11 @@ impl Writer {
             Sink::Segments(_) => 0,
         }
     }
+}
+
+/// How many groups the planned requests hold in all.
+fn self_groups(planned: &[Planned]) -> usize {
+    planned.iter().map(|p| p.groups.end).max().unwrap_or(0)
 }
 
 /// The outcome of an entry the proposer did not report (a bug guard: it reports one each).
