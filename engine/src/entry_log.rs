@@ -199,9 +199,30 @@ impl EntryLog {
         };
         // A crash part way through a purge (or a truncation after one) is finished now.
         inner.finish_purge()?;
-        Ok(Self {
+        let log = Self {
             inner: Arc::new(Mutex::new(inner)),
-        })
+        };
+        log.clamp_committed();
+        Ok(log)
+    }
+
+    /// A committed index past the log's last entry means the log lost its tail (a torn or
+    /// damaged disk, a restored backup): what is left is a prefix of a committed log, so it
+    /// is all committed, and the rest is fetched from the leader again. Without this the
+    /// member would not start (its state machine cannot apply entries it does not hold).
+    fn clamp_committed(&self) {
+        let last = self.state().last;
+        let mut inner = self.lock();
+        if let Some(committed) = inner.committed {
+            if last.is_none_or(|l| l.index < committed.index) {
+                tracing::warn!(
+                    committed = committed.index,
+                    last = last.map(|l| l.index),
+                    "the log ends before its committed entry: its tail was lost; the rest comes again from the leader"
+                );
+                inner.committed = last;
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -336,3 +336,32 @@ fn a_retry_planned_beside_the_append_it_repeats_is_not_acknowledged_when_that_ap
     assert_eq!(head, 0, "nothing was appended");
     close(leader, &cluster);
 }
+
+#[test]
+fn a_log_that_lost_its_tail_past_the_committed_entry_opens_with_what_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    {
+        let (leader, cluster) = open_leader(dir.path(), &clock);
+        for s in ["a", "b", "c"] {
+            leader.open_session(s).unwrap();
+        }
+        assert_eq!(cluster.log.committed(), cluster.log.state().last);
+        close(leader, &cluster);
+    }
+    // The disk loses the last few bytes (the last entry's frame is torn).
+    let last = last_segment(dir.path());
+    truncate(&last, file_len(&last) - 10);
+    let log = EntryLog::open(EntryLogConfig::new(dir.path())).unwrap();
+    let state = log.state();
+    assert_eq!(state.last.unwrap().index, 2, "the torn entry is cut");
+    assert_eq!(
+        log.committed(),
+        state.last,
+        "committed comes back to the log's end"
+    );
+    let replica = Engine::open_replica(config_at(dir.path(), &clock), &log).unwrap();
+    assert!(replica.session("a").unwrap().is_some());
+    assert!(replica.session("b").unwrap().is_some());
+    assert!(replica.session("c").unwrap().is_none(), "its entry is gone");
+}
