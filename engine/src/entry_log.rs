@@ -202,26 +202,29 @@ impl EntryLog {
         let log = Self {
             inner: Arc::new(Mutex::new(inner)),
         };
-        log.clamp_committed();
+        log.check_committed()?;
         Ok(log)
     }
 
-    /// A committed index past the log's last entry means the log lost its tail (a torn or
-    /// damaged disk, a restored backup): what is left is a prefix of a committed log, so it
-    /// is all committed, and the rest is fetched from the leader again. Without this the
-    /// member would not start (its state machine cannot apply entries it does not hold).
-    fn clamp_committed(&self) {
+    /// Refuses a log that ends before its committed entry: it lost synced writes (a torn or
+    /// damaged disk, a restored backup). Raft assumes a member keeps what it acknowledged; a
+    /// member that did not could vote for a leader lacking acknowledged entries, so it does
+    /// not start (the error says how to bring it back).
+    fn check_committed(&self) -> Result<()> {
         let last = self.state().last;
-        let mut inner = self.lock();
-        if let Some(committed) = inner.committed {
-            if last.is_none_or(|l| l.index < committed.index) {
-                tracing::warn!(
-                    committed = committed.index,
-                    last = last.map(|l| l.index),
-                    "the log ends before its committed entry: its tail was lost; the rest comes again from the leader"
-                );
-                inner.committed = last;
+        let inner = self.lock();
+        match inner.committed {
+            Some(committed) if last.is_none_or(|l| l.index < committed.index) => {
+                Err(Error::Corruption {
+                    segment: inner.dir.join(COMMITTED_FILE),
+                    offset: 0,
+                    kind: crate::error::CorruptionKind::LostCommitted {
+                        committed: committed.index,
+                        last: last.map(|l| l.index),
+                    },
+                })
             }
+            _ => Ok(()),
         }
     }
 

@@ -67,6 +67,14 @@ pub enum CorruptionKind {
     /// The stored bytes could not be read back: a media error (`EIO`) or the file system's
     /// own checksum failure. The OS error.
     Unreadable(String),
+    /// A cluster member's log ends before the entry it recorded as committed: the disk lost
+    /// synced writes. Voting with it could elect a leader that lacks acknowledged entries.
+    LostCommitted {
+        /// The committed entry recorded in `COMMITTED`.
+        committed: u64,
+        /// The log's last entry now (`None`: empty).
+        last: Option<u64>,
+    },
 }
 
 impl std::fmt::Display for CorruptionKind {
@@ -104,6 +112,14 @@ impl std::fmt::Display for CorruptionKind {
                 written,
             } => write!(f, "file cut short: fewer than the {written} bytes written"),
             Self::Unreadable(why) => write!(f, "stored bytes unreadable: {why}"),
+            Self::LostCommitted { committed, last } => write!(
+                f,
+                "the log ends at entry {} but entry {committed} was committed: the disk lost \
+                 synced writes. This member must not vote with it: remove it from the cluster \
+                 (`cursorlog cluster remove`), wipe its data directory, start it again and add \
+                 it back (`cluster add-learner`, then `cluster promote`)",
+                last.map_or_else(|| "none".to_owned(), |l| l.to_string())
+            ),
             Self::DamageBeforeValidRecords => f.write_str(
                 "damage in bytes a frame says were synced (not a torn unsynced write): \
                  cutting it would drop acknowledged data",

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use common::history::{describe, history};
 use common::*;
 use cursorlog_engine::{
-    Config, Engine, EntryId, EntryLog, EntryLogConfig, EntryPayload, Error, LogEntry, ManualClock,
-    OpenStream, Proposal, Proposed, Proposer, SyncPolicy,
+    Config, CorruptionKind, Engine, EntryId, EntryLog, EntryLogConfig, EntryPayload, Error,
+    LogEntry, ManualClock, OpenStream, Proposal, Proposed, Proposer, SyncPolicy,
 };
 
 /// A one-node cluster: appends proposals to the log in term 1, commits them and applies.
@@ -338,7 +338,7 @@ fn a_retry_planned_beside_the_append_it_repeats_is_not_acknowledged_when_that_ap
 }
 
 #[test]
-fn a_log_that_lost_its_tail_past_the_committed_entry_opens_with_what_it_holds() {
+fn a_log_that_lost_its_tail_past_the_committed_entry_is_refused_with_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
     {
@@ -349,19 +349,17 @@ fn a_log_that_lost_its_tail_past_the_committed_entry_opens_with_what_it_holds() 
         assert_eq!(cluster.log.committed(), cluster.log.state().last);
         close(leader, &cluster);
     }
-    // The disk loses the last few bytes (the last entry's frame is torn).
+    // The disk loses the last few bytes of synced, committed data.
     let last = last_segment(dir.path());
     truncate(&last, file_len(&last) - 10);
-    let log = EntryLog::open(EntryLogConfig::new(dir.path())).unwrap();
-    let state = log.state();
-    assert_eq!(state.last.unwrap().index, 2, "the torn entry is cut");
-    assert_eq!(
-        log.committed(),
-        state.last,
-        "committed comes back to the log's end"
-    );
-    let replica = Engine::open_replica(config_at(dir.path(), &clock), &log).unwrap();
-    assert!(replica.session("a").unwrap().is_some());
-    assert!(replica.session("b").unwrap().is_some());
-    assert!(replica.session("c").unwrap().is_none(), "its entry is gone");
+    // A member that lost committed entries must not vote with its log: it does not start.
+    let err = EntryLog::open(EntryLogConfig::new(dir.path())).unwrap_err();
+    match &err {
+        Error::Corruption {
+            kind: CorruptionKind::LostCommitted { committed, last },
+            ..
+        } => assert_eq!((*committed, *last), (3, Some(2))),
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("cluster remove"), "{err}");
 }
