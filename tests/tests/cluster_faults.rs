@@ -442,3 +442,51 @@ async fn a_retry_is_never_acknowledged_from_uncommitted_state() {
     }
     cluster.heal();
 }
+
+/// An old leader whose uncommitted append was cut from its log by the next leader, and
+/// which leads again later, must not answer a retry of that append as a duplicate: the
+/// event is not in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_truncated_append_is_not_acknowledged_as_a_duplicate_later() {
+    let cluster = Arc::new(Cluster::start(&TIMING).await);
+    let _dump = DumpOnPanic(Arc::clone(&cluster));
+    let oracle = Oracle::default();
+    let (epoch, stream) = oracle.probe_stream(&cluster, "probe-dup").await;
+    oracle
+        .probe_append(&cluster, "probe-dup", stream, 1, b"committed")
+        .await;
+    let old = cluster.leader(None).await;
+    // Its bytes stop reaching the others; theirs still reach it (it learns the new term).
+    cluster.isolate(old, true, false);
+    let request = pb::AppendRequest {
+        session: "probe-dup".into(),
+        stream,
+        expected_next_seq: Some(2),
+        events: vec![event("probe", b"proposed, never committed")],
+    };
+    let first =
+        tokio::time::timeout(RPC_TIMEOUT, cluster.client(old).append(request.clone())).await;
+    assert!(
+        !matches!(first, Ok(Ok(_))),
+        "acknowledged while cut off: {first:?}"
+    );
+    // Another member leads and commits entries of its own over the old leader's.
+    cluster.leader(Some(old)).await;
+    cluster.heal();
+    // Healed, the old leader learns the new term and takes the new leader's entries.
+    let new = cluster.leader(None).await;
+    cluster.wait_caught_up(new).await;
+    cluster.force_leader(old).await;
+    let retry =
+        tokio::time::timeout(RPC_TIMEOUT, cluster.client(old).append(request.clone())).await;
+    let all = oracle::read_stream(&cluster, "probe-dup", epoch, stream).await;
+    let there = all.events.iter().any(|e| e.seq == 2);
+    if let Ok(Ok(r)) = &retry {
+        assert!(
+            there,
+            "the retry was acknowledged ({:?}) but seq 2 is not in the log: {:?}",
+            r.get_ref(),
+            all.events
+        );
+    }
+}
