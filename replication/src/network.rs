@@ -6,7 +6,8 @@
 //! (replication, heartbeats, votes, snapshots); it connects lazily and reconnects by itself.
 //!
 //! **Deadlines.** Each call is bounded by [`RPCOption::soft_ttl`] (¾ of openraft's hard TTL:
-//! the heartbeat interval for AppendEntries, the election timeout for votes,
+//! the heartbeat interval for AppendEntries — but at least 1 s, since it includes the
+//! follower's fdatasync —, the election timeout for votes,
 //! `install_snapshot_timeout` for a whole snapshot), both on the client (the call is dropped)
 //! and on the server (`grpc-timeout`).
 //!
@@ -156,15 +157,29 @@ impl ClientOptions {
     /// A lazily connecting channel to `addr` (`host:port`).
     fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
+        // HTTP/2 pings find a connection that went dead without a FIN or RST (a peer that
+        // paused or was cut off): without them every later call on it waits out its deadline,
+        // and the cluster can go without a leader long after the link healed.
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
             .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(PEER_PING_EVERY)
+            .keep_alive_timeout(PEER_PING_TIMEOUT)
+            .keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
             endpoint = endpoint.tls_config(tls.clone())?;
         }
         Ok(endpoint.connect_lazy())
     }
 }
+
+/// The shortest deadline of an AppendEntries call (see [`NetworkClient::unary`]).
+const APPEND_DEADLINE_MIN: Duration = Duration::from_secs(1);
+
+/// How often a peer connection is pinged, and how long a ping may go unanswered before the
+/// connection is dropped (the next call dials again).
+const PEER_PING_EVERY: Duration = Duration::from_millis(500);
+const PEER_PING_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// openraft's network factory: hands out a [`NetworkClient`] per peer, sharing one channel per
 /// address. `SD` is the state machine's snapshot data, which must be readable as bytes (see
@@ -314,7 +329,14 @@ impl<SD> NetworkClient<SD> {
         Req: serde::Serialize,
         Resp: serde::de::DeserializeOwned,
     {
-        let deadline = option.soft_ttl();
+        let deadline = match rpc {
+            // openraft gives AppendEntries the heartbeat interval as its TTL; the call includes
+            // the follower's fdatasync, which on a loaded machine takes longer than ¾ of a
+            // 50–100 ms heartbeat: every append then timed out and the leader could not
+            // commit (the fault harness saw clusters without progress for 90 s).
+            Unary::AppendEntries => option.soft_ttl().max(APPEND_DEADLINE_MIN),
+            Unary::Vote | Unary::PreVote => option.soft_ttl(),
+        };
         let client = self
             .client
             .as_mut()
