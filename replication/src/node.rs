@@ -198,6 +198,21 @@ impl ReplicatedNode {
         }
     }
 
+    /// Resolves with openraft's fatal error once this node's Raft core stopped (a storage
+    /// failure, a panic): the node then serves nothing useful, and its process should exit
+    /// non-zero so a supervisor restarts it, as a poisoned single node does.
+    pub async fn core_stopped(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_watched().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the Raft core ended".into();
+            }
+        }
+    }
+
     /// The address of the leader this node knows of, if any.
     pub fn leader_addr(&self) -> Option<String> {
         self.status().leader.map(|(_, addr)| addr)

@@ -172,6 +172,14 @@ async fn poisoned(mut poisoned: watch::Receiver<bool>, stay_up: bool) {
     }
 }
 
+/// Resolves when a cluster member's Raft core stopped; never on a single node.
+async fn raft_core_stopped(node: Option<&cursorlog_replication::ReplicatedNode>) -> String {
+    match node {
+        Some(node) => node.core_stopped().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The HTTP/2 keepalive interval the flags ask for (`None`: no pings).
 fn keepalive_interval(args: &ServeArgs) -> Option<Duration> {
     (args.http2_keepalive_interval_secs > 0)
@@ -436,6 +444,13 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                  get {grace:?}"
             );
             Ok(())
+        }
+        fatal = raft_core_stopped(node.as_ref()) => {
+            grace = grace.min(POISON_DRAIN);
+            Err(format!(
+                "the Raft core of this cluster member stopped ({fatal}): exiting with status 1 \
+                 so a supervisor restarts it; the data directory is kept"
+            ))
         }
         signal = signal => match signal {
             Ok(Ok(name)) => {

@@ -21,11 +21,14 @@ use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT, WAIT}
 use cursorlog_tests::{event, pb};
 use oracle::{Oracle, Rng, Workload};
 
+/// 600 ms elections and 100 ms heartbeats: with 300/50 on this loaded 2-core machine the
+/// heartbeats' own 50 ms timeout kept expiring and the final check's forced leaders kept
+/// losing the lead.
 const TIMING: [&str; 6] = [
     "--election-timeout-ms",
-    "300",
+    "600",
     "--heartbeat-ms",
-    "50",
+    "100",
     "--segment-bytes",
     "16384",
 ];
@@ -55,18 +58,16 @@ fn env_u64(name: &str, default: u64) -> u64 {
 const LOG_DAMAGE: [&str; 4] = ["wipe-follower", "tear-tail", "flip-sealed", "isolate-in"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "cluster stalls: after a leader pause/isolation the two healthy members can fail \
-            to elect a leader for over 90 s (peer calls time out on links back in Pass mode; \
-            CURSORLOG_CLUSTER_SEED=42 at fault 1); run with --ignored to hunt it"]
+#[ignore = "lost an acknowledged append in 1 of 2 runs of seed 2 (expected next seq 16, head \
+            8) with log-damage kinds in the mix: wipe-follower restarts a member that forgot its \
+            vote and tear-tail drops synced writes, both outside Raft's model (REPLICATION.md \
+            'Not yet' 3 and 5); not narrowed down yet. Run with --ignored"]
 async fn acknowledged_writes_survive_every_fault_kind() {
     run(&KINDS).await;
 }
 
 /// The fault kinds that leave every member's log intact (meant for CI by default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "cluster stalls: after a leader kill/pause/isolation the leader's peer calls keep \
-            timing out (37.5 ms) on links back in Pass mode and no leader is elected for over \
-            90 s (seeds 7 and 42 on a loaded 2-core machine); run with --ignored to hunt it"]
 async fn acknowledged_writes_survive_leader_faults() {
     let kinds: Vec<&str> = KINDS
         .into_iter()
