@@ -4,18 +4,18 @@
 //! A member that is not the leader answers a write or a verdict-giving read with `UNAVAILABLE`,
 //! the leader's address in the `cursorlog-leader` header (inside an `AppendBatch` answer, in
 //! the item's message: "the leader is at HOST:PORT"), and `cursorlog-retry: safe` (nothing was
-//! proposed) or `outcome-unknown` (it may have taken effect). [`Conn`] sends every call to the
+//! proposed) or `outcome-unknown` (it may have taken effect). `Conn` sends every call to the
 //! member it last found leading; on such an answer it reconnects to the named leader (one
 //! channel per address, cached), or, with no name (an election, a dead member), waits a
-//! bounded exponential backoff and tries the next address, until [`Failover::deadline`].
+//! bounded exponential backoff and tries the next address, until `Failover::deadline`.
 //!
-//! What is resent ([`Op`]): everything answered `safe`; reads (`Resolve`, `Read`,
+//! What is resent (`Op`): everything answered `safe`; reads (`Resolve`, `Read`,
 //! `GetOutcome`, `GetSession`) always; idempotent writes (`OpenSession`, `KeepAlive`,
 //! `SetSessionState`, `ExpireSession`) always; appends and completions only with
 //! `expected_next_seq`; an `OpenStream` whose outcome is unknown never (the caller reconciles
 //! it by its correlation, see `store.rs`).
 //!
-//! The decisions are pure functions ([`refusal`], [`Op::may_retry`], [`Attempts::next`]) so
+//! The decisions are pure functions (`refusal`, `Op::may_retry`, `Attempts::next`) so
 //! they are tested without a network.
 
 use std::collections::HashMap;
@@ -235,7 +235,7 @@ fn authority(endpoint: &str) -> String {
     rest.trim_end_matches('/').to_owned()
 }
 
-/// The members and the channel to each; shared by every clone of a [`Conn`].
+/// The members and the channel to each; shared by every clone of a `Conn`.
 #[derive(Debug)]
 struct Router {
     /// Configured members, as `HOST:PORT`, in the order given.
