@@ -19,6 +19,7 @@ use tempfile::TempDir;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
+use crate::free_addr;
 use crate::proxy::{Mode, Proxy};
 use crate::{fault, pb, Server, Start};
 
@@ -76,12 +77,6 @@ pub fn retry_is_safe(status: &Status) -> bool {
         .get("cursorlog-retry")
         .and_then(|v| v.to_str().ok())
         == Some("safe")
-}
-
-/// A free loopback address (bound, then released for a server to bind).
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").to_string()
 }
 
 /// Three members, their data directories, and a proxy on every directed peer link.

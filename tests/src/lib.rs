@@ -679,3 +679,38 @@ pub fn assert_contiguous(events: &[pb::Event], from: u64, to: u64) {
         "events are not exactly seqs {from}..={to} in order"
     );
 }
+
+/// A free loopback address (bound, then released for a server to bind).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").to_string()
+}
+
+/// Starts member `id` (from 1) of a cluster whose member `i + 1` listens on `addrs[i]`, on
+/// `dir`, with 500 ms elections and 50 ms heartbeats (fast failover for tests), plus `extra`.
+pub fn start_member(id: usize, addrs: &[String], dir: &Path, extra: &[&str]) -> Server {
+    let peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let id_text = id.to_string();
+    let mut args = vec![
+        "--node-id",
+        &id_text,
+        "--peers",
+        &peers,
+        "--election-timeout-ms",
+        "500",
+        "--heartbeat-ms",
+        "50",
+    ];
+    args.extend_from_slice(extra);
+    Server::start_with(Start {
+        data_dir: Some(dir),
+        listen: Some(&addrs[id - 1]),
+        args: &args,
+        ..Start::default()
+    })
+}

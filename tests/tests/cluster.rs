@@ -8,17 +8,11 @@
 
 use std::time::{Duration, Instant};
 
-use cursorlog_tests::{event, pb, read_all, read_request, Server, Start};
+use cursorlog_tests::{event, free_addr, pb, read_all, read_request, start_member, Server};
 use tonic::Code;
 
 /// The bound of one wait (elections on a loaded 2-core machine included).
 const WAIT: Duration = Duration::from_secs(60);
-
-/// A free loopback port (bound, then released for the server to bind).
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 struct Cluster {
     addrs: Vec<String>,
@@ -27,34 +21,8 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn peers(&self) -> String {
-        self.addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| format!("{}={a}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
     fn start_node(&mut self, i: usize) {
-        let id = (i + 1).to_string();
-        let peers = self.peers();
-        let server = Server::start_with(Start {
-            data_dir: Some(self.dirs[i].path()),
-            listen: Some(&self.addrs[i]),
-            args: &[
-                "--node-id",
-                &id,
-                "--peers",
-                &peers,
-                "--election-timeout-ms",
-                "500",
-                "--heartbeat-ms",
-                "50",
-            ],
-            ..Start::default()
-        });
-        self.nodes[i] = Some(server);
+        self.nodes[i] = Some(start_member(i + 1, &self.addrs, self.dirs[i].path(), &[]));
     }
 
     fn new() -> Self {

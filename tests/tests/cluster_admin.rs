@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use cursorlog_tests::{
-    event, http_get, metric, pb, read_all, read_request, run_tool, Server, Start,
+    event, free_addr, http_get, metric, pb, read_all, read_request, run_tool, start_member, Server,
 };
 use pb::cursor_log_client::CursorLogClient;
 use tonic::transport::Channel;
@@ -16,36 +16,8 @@ use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
 fn start(id: usize, addrs: &[String], dir: &std::path::Path) -> Server {
-    let peers = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
-    let id = id.to_string();
-    Server::start_with(Start {
-        data_dir: Some(dir),
-        listen: Some(&addrs[id.parse::<usize>().unwrap() - 1]),
-        args: &[
-            "--node-id",
-            &id,
-            "--peers",
-            &peers,
-            "--election-timeout-ms",
-            "500",
-            "--heartbeat-ms",
-            "50",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        ..Start::default()
-    })
+    start_member(id, addrs, dir, &["--metrics-listen", "127.0.0.1:0"])
 }
 
 async fn connect(addr: &str) -> CursorLogClient<Channel> {

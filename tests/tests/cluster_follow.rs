@@ -7,17 +7,12 @@
 
 use std::time::{Duration, Instant};
 
-use cursorlog_tests::{absorb, event, pb, run_tool, ReadAll, Server, Start};
+use cursorlog_tests::{absorb, event, free_addr, pb, run_tool, start_member, ReadAll, Server};
 use pb::cursor_log_client::CursorLogClient;
 use tonic::transport::Channel;
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 async fn connect(addr: &str) -> CursorLogClient<Channel> {
     CursorLogClient::new(
@@ -74,31 +69,8 @@ fn follow(cursor: String) -> pb::ReadRequest {
 async fn a_follow_on_a_deposed_leader_ends_with_the_new_leader_and_resumes_there_exactly_once() {
     let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let peers = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
     let _servers: Vec<Server> = (0..3)
-        .map(|i| {
-            let id = (i + 1).to_string();
-            Server::start_with(Start {
-                data_dir: Some(dirs[i].path()),
-                listen: Some(&addrs[i]),
-                args: &[
-                    "--node-id",
-                    &id,
-                    "--peers",
-                    &peers,
-                    "--election-timeout-ms",
-                    "500",
-                    "--heartbeat-ms",
-                    "50",
-                ],
-                ..Start::default()
-            })
-        })
+        .map(|i| start_member(i + 1, &addrs, dirs[i].path(), &[]))
         .collect();
     let first = leader(&addrs).await;
     let mut c = connect(&first).await;
