@@ -21,6 +21,7 @@
 //! changes between alphas.
 
 pub mod admin;
+pub mod amnesia;
 pub mod codec;
 pub mod log_store;
 pub mod network;
@@ -30,6 +31,7 @@ pub mod state_machine;
 pub mod types;
 
 pub use admin::AdminService;
+pub use amnesia::VoteGuard;
 pub use log_store::SegmentLogStore;
 pub use network::{ClientOptions, NetworkClient, NetworkFactory, OptionsError};
 pub use node::{NodeOptions, NodeStatus, RaftProposer, ReplicatedNode, StartError};

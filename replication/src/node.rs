@@ -18,6 +18,7 @@ use openraft::async_runtime::WatchReceiver as _;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ReadPolicy, ServerState};
 
+use crate::amnesia::VoteGuard;
 use crate::network::{ClientOptions, NetworkFactory};
 use crate::state_machine::EngineStateMachine;
 use crate::types::{ClusterTiming, NodeId, Proposal as RaftProposal, Raft, RaftNode};
@@ -63,6 +64,7 @@ pub struct ReplicatedNode {
     engine: Engine,
     raft: Raft<EngineStateMachine>,
     proposer: Arc<RaftProposer>,
+    vote_guard: VoteGuard,
 }
 
 impl std::fmt::Debug for ReplicatedNode {
@@ -155,12 +157,27 @@ impl ReplicatedNode {
                 Err(e) => return Err(StartError::Raft(e.to_string())),
             }
         }
+        let vote_guard = VoteGuard::new(fresh);
+        vote_guard.lift_when_led(&raft);
+        if fresh && first != Some(options.id) {
+            tracing::info!(
+                "this member has no saved vote: it votes in an election of a running cluster \
+                 only after a leader has reached it"
+            );
+        }
         Ok(Self {
             id: options.id,
             engine,
             raft,
             proposer,
+            vote_guard,
         })
+    }
+
+    /// Whether this member may vote yet: give it to the Raft service
+    /// ([`crate::RaftService::with_vote_guard`]).
+    pub fn vote_guard(&self) -> VoteGuard {
+        self.vote_guard.clone()
     }
 
     /// The engine: reads, and writes that this node proposes when it leads.

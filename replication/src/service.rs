@@ -23,6 +23,7 @@ use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::amnesia::VoteGuard;
 use crate::codec::{self, CodecError, SnapshotHead};
 use crate::network::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::types::{Raft, TypeConfig};
@@ -68,6 +69,7 @@ where
 {
     raft: Raft<SM>,
     sink: Arc<K>,
+    guard: VoteGuard,
 }
 
 impl<SM, K> std::fmt::Debug for RaftService<SM, K>
@@ -91,7 +93,14 @@ where
         Self {
             raft,
             sink: Arc::new(sink),
+            guard: VoteGuard::default(),
         }
+    }
+
+    /// Refuses votes and pre-votes as `guard` says (a member that may have lost its vote).
+    pub fn with_vote_guard(mut self, guard: VoteGuard) -> Self {
+        self.guard = guard;
+        self
     }
 
     /// The tonic server, accepting and sending messages up to
@@ -183,6 +192,9 @@ where
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let rpc: VoteRequest<TypeConfig> =
             codec::decode("Vote", &request.get_ref().data).map_err(bad_request)?;
+        if let Some(why) = self.guard.refusal(rpc.last_log_id.as_ref()) {
+            return Err(Status::unavailable(why));
+        }
         let response = self.raft.vote(rpc).await.map_err(stopped)?;
         reply("VoteResponse", &response).map(Response::new)
     }
@@ -190,6 +202,9 @@ where
     async fn pre_vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let rpc: VoteRequest<TypeConfig> =
             codec::decode("PreVote", &request.get_ref().data).map_err(bad_request)?;
+        if let Some(why) = self.guard.refusal(rpc.last_log_id.as_ref()) {
+            return Err(Status::unavailable(why));
+        }
         let response = self.raft.pre_vote(rpc).await.map_err(stopped)?;
         reply("VoteResponse", &response).map(Response::new)
     }

@@ -361,6 +361,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 node.raft().clone(),
                 cursorlog_replication::InMemorySnapshots,
             )
+            .with_vote_guard(node.vote_guard())
             .into_server(),
             check.clone(),
         )

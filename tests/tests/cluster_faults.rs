@@ -500,3 +500,67 @@ async fn a_truncated_append_is_not_acknowledged_as_a_duplicate_later() {
         );
     }
 }
+
+/// Two faults at once that Raft alone does not survive: while the leader is down, the one
+/// follower that also holds the acknowledged events loses its disk, and the member that
+/// missed them comes back. A member restarted without its vote must not vote that stale
+/// member in (it would lead without the events): it votes only once a leader reached it, so
+/// the cluster waits for the old leader, and every acknowledged event is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_member_does_not_vote_in_a_leader_that_lacks_acknowledged_events() {
+    let cluster = Arc::new(Cluster::start(&TIMING).await);
+    let _dump = DumpOnPanic(Arc::clone(&cluster));
+    let oracle = Oracle::default();
+    let (_, stream) = oracle.probe_stream(&cluster, "probe-amnesia").await;
+    oracle
+        .probe_append(&cluster, "probe-amnesia", stream, 1, b"on all three")
+        .await;
+    let leader = cluster.leader(None).await;
+    cluster.wait_caught_up(leader).await;
+    let (stale, holder) = ((leader + 1) % MEMBERS, (leader + 2) % MEMBERS);
+    cluster.kill(stale);
+    for seq in 2..=10 {
+        oracle
+            .probe_append(&cluster, "probe-amnesia", stream, seq, b"leader and holder")
+            .await;
+    }
+    cluster.kill(leader);
+    cluster.kill(holder);
+    cluster.wipe(holder);
+    cluster.restart(holder);
+    cluster.restart(stale);
+    // The stale member campaigns: the wiped one must refuse it (the refusal shows in the
+    // candidate's log), never elect it.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cluster
+        .logs(stale)
+        .contains("votes once a leader has reached it")
+    {
+        let mut client = cluster.client(stale);
+        let open = client.open_session(pb::OpenSessionRequest {
+            session: "harness".into(),
+            state: None,
+        });
+        if let Ok(Ok(_)) = tokio::time::timeout(RPC_TIMEOUT, open).await {
+            panic!(
+                "member {} was elected with the wiped member's vote: it lacks the \
+                 acknowledged seqs 2..=10",
+                stale + 1
+            );
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "member {} never campaigned",
+            stale + 1
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.restart(leader);
+    let t = cluster.leader(None).await;
+    cluster.wait_caught_up(t).await;
+    assert!(
+        oracle.check_served(&cluster, t).await.is_some(),
+        "leader moved"
+    );
+    oracle.assert_no_violations();
+}
