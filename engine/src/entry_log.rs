@@ -34,10 +34,12 @@ use crate::record::{encode_frame, Record};
 mod cut;
 mod proposal;
 pub(crate) mod read;
+mod snapshot;
 
 use cut::Purged;
 
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
+pub use snapshot::{LogSnapshot, SnapshotManifest, SnapshotStaging};
 
 use crate::format::VOTE_FILE;
 /// The committed index's file.
@@ -156,6 +158,9 @@ impl EntryLog {
         std::fs::create_dir_all(&config.dir)
             .map_err(Error::io(format!("creating {}", config.dir.display())))?;
         let lock = crate::recovery::lock_dir(&config.dir)?;
+        // A snapshot install a crash interrupted is finished (or an unfinished transfer
+        // dropped) before the log is read.
+        snapshot::recover(fs.as_ref(), &config.dir)?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let opened = crate::log::open(&fs, &config.dir, SyncPolicy::Always, &clock)?;
         let mut offsets = BTreeMap::new();

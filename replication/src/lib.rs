@@ -27,6 +27,7 @@ pub mod log_store;
 pub mod network;
 pub mod node;
 pub mod service;
+pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
@@ -36,6 +37,7 @@ pub use log_store::SegmentLogStore;
 pub use network::{ClientOptions, NetworkClient, NetworkFactory, OptionsError};
 pub use node::{NodeOptions, NodeStatus, RaftProposer, ReplicatedNode, StartError};
 pub use service::{InMemorySnapshots, RaftService, SnapshotSink};
+pub use snapshot::{SegmentSnapshot, SnapshotSpool};
 pub use state_machine::EngineStateMachine;
 pub use types::{
     ApplyResult, ClusterTiming, Entry, LogId, NodeId, Proposal, Raft, RaftNode, TypeConfig, Vote,

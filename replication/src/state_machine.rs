@@ -3,12 +3,13 @@
 //! which is the Raft log, checks them with its apply rules and changes its index), and the
 //! applied state openraft asks for at start is the engine's [`cursorlog_engine::Progress`].
 //!
-//! Snapshots are not built yet (issue 19 item 4): the Raft config never asks for one
-//! (`SnapshotPolicy::Never`) and the log is not purged on a replicated node, so a follower
-//! always catches up from the log itself. Building or installing one answers an error
-//! naming what is missing.
+//! Snapshots (issue 19 item 4) are the log's own segment files up to the applied entry
+//! ([`crate::snapshot`]): building one opens the files (no copy), installing one stages the
+//! received files under the data directory and makes them the log, then rebuilds the index
+//! from them ([`Engine::install_snapshot`]); the log goes on at the LSN the snapshot
+//! carries, so stream ids stay identical on every replica.
 
-use std::io::{self, Cursor};
+use std::io;
 
 use cursorlog_engine::{Engine, EntryId};
 use futures_util::TryStreamExt as _;
@@ -17,6 +18,7 @@ use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, StoredMembershipO
 use openraft::OptionalSend;
 
 use crate::codec;
+use crate::snapshot::{self, SegmentSnapshot};
 use crate::types::{ApplyResult, LogId, TypeConfig};
 
 /// The engine as openraft's state machine.
@@ -38,24 +40,75 @@ fn to_raft(id: EntryId) -> LogId {
     LogId::new_term_index(id.term, id.index - 1)
 }
 
-fn no_snapshots() -> io::Error {
-    io::Error::other(
-        "cursorlog does not build or install snapshots yet (issue 19 item 4): a follower catches up from the log",
-    )
+/// The engine's id of the Raft log id `id`.
+fn to_engine(id: &LogId) -> EntryId {
+    EntryId {
+        term: id.committed_leader_id().term,
+        index: id.index() + 1,
+    }
+}
+
+impl EngineStateMachine {
+    /// A snapshot of what the engine applied: the segment files through the applied entry
+    /// and the last applied membership (`None` before anything was applied).
+    async fn snapshot(&self) -> io::Result<Option<SnapshotOf<TypeConfig, SegmentSnapshot>>> {
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || {
+            let progress = engine.applied().ok_or_else(|| {
+                io::Error::other("the engine is a single node's, not a replica's")
+            })?;
+            let Some(last) = progress.last else {
+                return Ok(None);
+            };
+            let log = engine
+                .entry_log()
+                .ok_or_else(|| io::Error::other("the engine has no replicated log"))?;
+            let taken = log.snapshot(last).map_err(io::Error::other)?;
+            let last_membership = membership(progress.membership)?;
+            tracing::debug!(
+                last = last.index,
+                files = taken.manifest.files.len(),
+                bytes = taken.manifest.bytes(),
+                "snapshot taken"
+            );
+            Ok(Some(SnapshotOf::<TypeConfig, SegmentSnapshot> {
+                meta: SnapshotMetaOf::<TypeConfig> {
+                    last_log_id: Some(to_raft(last)),
+                    last_membership,
+                },
+                snapshot: SegmentSnapshot::taken(taken),
+            }))
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+}
+
+/// openraft's stored membership for the engine's last applied membership entry.
+fn membership(m: Option<(EntryId, Vec<u8>)>) -> io::Result<StoredMembershipOf<TypeConfig>> {
+    Ok(match m {
+        Some((id, bytes)) => StoredMembershipOf::<TypeConfig>::new(
+            Some(to_raft(id)),
+            codec::decode("membership", &bytes).map_err(io::Error::other)?,
+        ),
+        None => StoredMembershipOf::<TypeConfig>::default(),
+    })
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for EngineStateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SegmentSnapshot;
 
     async fn build_snapshot(
         &mut self,
-    ) -> Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>, io::Error> {
-        Err(no_snapshots())
+    ) -> Result<SnapshotOf<TypeConfig, SegmentSnapshot>, io::Error> {
+        self.snapshot()
+            .await?
+            .ok_or_else(|| io::Error::other("nothing is applied yet: no snapshot to build"))
     }
 }
 
 impl RaftStateMachine<TypeConfig> for EngineStateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SegmentSnapshot;
     type SnapshotBuilder = Self;
 
     async fn applied_state(
@@ -65,14 +118,7 @@ impl RaftStateMachine<TypeConfig> for EngineStateMachine {
             .engine
             .applied()
             .ok_or_else(|| io::Error::other("the engine is a single node's, not a replica's"))?;
-        let membership = match progress.membership {
-            Some((id, bytes)) => StoredMembershipOf::<TypeConfig>::new(
-                Some(to_raft(id)),
-                codec::decode("membership", &bytes).map_err(io::Error::other)?,
-            ),
-            None => StoredMembershipOf::<TypeConfig>::default(),
-        };
-        Ok((progress.last.map(to_raft), membership))
+        Ok((progress.last.map(to_raft), membership(progress.membership)?))
     }
 
     async fn apply<S>(&mut self, mut entries: S) -> Result<(), io::Error>
@@ -112,17 +158,56 @@ impl RaftStateMachine<TypeConfig> for EngineStateMachine {
         self.clone()
     }
 
+    /// Stages the received files under the data directory (fsynced), makes them the log
+    /// and rebuilds the index from them; progress (files, bytes) goes to the log.
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMetaOf<TypeConfig>,
-        _snapshot: Cursor<Vec<u8>>,
+        meta: &SnapshotMetaOf<TypeConfig>,
+        mut snapshot: SegmentSnapshot,
     ) -> Result<(), io::Error> {
-        Err(no_snapshots())
+        let engine = self.engine.clone();
+        let want = meta.last_log_id.as_ref().map(to_engine);
+        tokio::task::spawn_blocking(move || {
+            let manifest = snapshot.read_manifest()?;
+            if want != Some(manifest.last) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "the snapshot's files end at entry {:?}, its meta says {want:?}",
+                        manifest.last
+                    ),
+                ));
+            }
+            tracing::info!(
+                last = manifest.last.index,
+                term = manifest.last.term,
+                next_lsn = manifest.next_lsn,
+                files = manifest.files.len(),
+                bytes = manifest.bytes(),
+                "snapshot install: receiving"
+            );
+            let log = engine
+                .entry_log()
+                .ok_or_else(|| io::Error::other("the engine has no replicated log"))?;
+            let staging = log.begin_install(manifest).map_err(io::Error::other)?;
+            snapshot::copy_into(snapshot, &staging)?;
+            staging.finish().map_err(io::Error::other)?;
+            let applied = engine.install_snapshot(staging).map_err(io::Error::other)?;
+            tracing::info!(
+                entries = applied.entries,
+                refused = applied.refused.len(),
+                "snapshot install: the log is replaced and the index rebuilt"
+            );
+            Ok(())
+        })
+        .await
+        .map_err(io::Error::other)?
     }
 
+    /// A snapshot of what is applied now (taking one costs opening the files).
     async fn get_current_snapshot(
         &mut self,
-    ) -> Result<Option<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>, io::Error> {
-        Ok(None)
+    ) -> Result<Option<SnapshotOf<TypeConfig, SegmentSnapshot>>, io::Error> {
+        self.snapshot().await
     }
 }

@@ -12,8 +12,8 @@ use cursorlog_engine::{
     Append, Config, Engine, Error, NewEvent, OpenStream, Proposed, StreamMeta, SyncPolicy,
 };
 use cursorlog_replication::{
-    ClientOptions, ClusterTiming, InMemorySnapshots, NodeId, NodeOptions, RaftNode, RaftService,
-    ReplicatedNode,
+    ClientOptions, ClusterTiming, NodeId, NodeOptions, RaftNode, RaftService, ReplicatedNode,
+    SnapshotSpool,
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -71,7 +71,7 @@ async fn start(
     })
     .await
     .expect("the node starts");
-    let service = RaftService::new(node.raft().clone(), InMemorySnapshots).into_server();
+    let service = RaftService::new(node.raft().clone(), SnapshotSpool::default()).into_server();
     let (stop_server, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(
         tonic::transport::Server::builder()

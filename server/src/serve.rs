@@ -359,7 +359,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         InterceptedService::new(
             cursorlog_replication::RaftService::new(
                 node.raft().clone(),
-                cursorlog_replication::InMemorySnapshots,
+                cursorlog_replication::SnapshotSpool::in_dir(&args.data_dir),
             )
             .with_vote_guard(node.vote_guard())
             .into_server(),

@@ -208,6 +208,35 @@ impl Engine {
 }
 
 impl Engine {
+    /// The replicated log this replica applies from (`None` for a single node's engine).
+    pub fn entry_log(&self) -> Option<&EntryLog> {
+        self.inner.replica.as_ref().map(|r| &r.log)
+    }
+
+    /// Installs a received snapshot (issue 19 item 4): the staged segment files become the
+    /// log ([`EntryLog::install_snapshot`]), then the index is rebuilt from them, exactly
+    /// as an open rebuilds it, through the snapshot's last entry.
+    ///
+    /// # Errors
+    /// Not a replica's engine ([`Error::Internal`]); the install's errors; corruption of a
+    /// received entry (the engine is then poisoned).
+    pub fn install_snapshot(&self, staging: crate::entry_log::SnapshotStaging) -> Result<Applied> {
+        let replica = self.inner.replica.as_ref().ok_or_else(|| {
+            Error::Internal("install_snapshot on an engine that is not a replica's".into())
+        })?;
+        let last = staging.manifest().last;
+        {
+            let mut applied = replica
+                .applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            replica.log.install_snapshot(staging)?;
+            self.inner.shared.index.clear()?;
+            *applied = Progress::default();
+        }
+        self.apply_committed(last.index)
+    }
+
     /// How far this replica applied (`None` for a single node's engine).
     pub fn applied(&self) -> Option<Progress> {
         let replica = self.inner.replica.as_ref()?;

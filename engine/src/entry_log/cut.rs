@@ -1,8 +1,8 @@
 //! Cutting the log back: a deposed leader's uncommitted suffix (`truncate_after`: cut the
 //! active segment, or unlink whole later segments newest first, never touching a sealed
-//! one), and a committed prefix (`purge_through`: `PURGED` written durably first, then
-//! whole sealed segments deleted oldest first; a purge past the last entry starts the log
-//! again after it, at the LSN recorded in `PURGED`). A crash part way through either leaves
+//! one), and a committed prefix (`purge_through`: `PURGED` written durably; the segments
+//! stay, see [`Inner::finish_purge`]; a purge past the last entry starts the log again
+//! after it, at the LSN recorded in `PURGED`). A crash part way through either leaves
 //! a log the next open finishes ([`Inner::finish_purge`]).
 
 use std::sync::Arc;
@@ -156,41 +156,38 @@ impl Inner {
         self.finish_purge()
     }
 
-    /// Deletes the sealed segments that hold only purged entries and, when the log ends
-    /// before the purged entry (a purge past the end, or a crash part way through one or
-    /// through a truncation after it), starts it again after the purged entry. Idempotent:
-    /// the open calls it too.
+    /// When the log ends before the purged entry (a purge past the end, or a crash part way
+    /// through one or through a truncation after it), drops what it holds and starts it
+    /// again after the purged entry. Idempotent: the open calls it too.
+    ///
+    /// Sealed segments are **not** deleted by a purge: on a cluster member the engine's
+    /// state is built from every retained segment (a snapshot *is* those segments, see
+    /// `snapshot.rs`), so a segment goes only when retention has carried its state forward,
+    /// which does not run on a cluster yet (docs/REPLICATION.md). A purge marks the entries
+    /// as no longer needed by Raft: a follower that lacks them gets the snapshot.
     pub(super) fn finish_purge(&mut self) -> Result<()> {
         let Some(p) = self.purged else {
             return Ok(());
         };
-        let active = Arc::clone(self.writer.active());
-        // Whole sealed segments whose entries all are at or below the purged one.
-        let keys: Vec<u64> = self.offsets.keys().copied().collect();
-        let mut doomed = Vec::new();
-        for (i, base) in keys.iter().enumerate() {
-            let seg = self.offsets.get(base).map(|s| Arc::clone(&s.segment));
-            let Some(seg) = seg else { continue };
-            if Arc::ptr_eq(&seg, &active) {
-                break;
-            }
-            let next_base = keys.get(i + 1).copied().unwrap_or(u64::MAX);
-            if next_base <= p.id.index + 1 || self.writer.next().entry <= p.id.index + 1 {
-                doomed.push((*base, seg.base_lsn()));
-            } else {
-                break;
-            }
-        }
-        if !doomed.is_empty() {
-            let segments: Vec<u64> = doomed.iter().map(|(_, lsn)| *lsn).collect();
-            self.log.purge_prefix(&segments)?;
-            for (b, _) in doomed {
-                self.offsets.remove(&b);
-            }
-        }
         let next = self.writer.next();
         if next.entry < p.id.index + 1 {
-            // Every entry the log holds is purged: it goes on after the purged entry.
+            // Every entry the log holds is purged and the log ends before the purged entry:
+            // what it holds cannot continue into what follows (a gap), so it goes whole,
+            // oldest first, and the log goes on after the purged entry.
+            let active = Arc::clone(self.writer.active());
+            let sealed: Vec<(u64, u64)> = self
+                .offsets
+                .iter()
+                .filter(|(_, s)| !Arc::ptr_eq(&s.segment, &active))
+                .map(|(b, s)| (*b, s.segment.base_lsn()))
+                .collect();
+            if !sealed.is_empty() {
+                let lsns: Vec<u64> = sealed.iter().map(|(_, l)| *l).collect();
+                self.log.purge_prefix(&lsns)?;
+                for (b, _) in sealed {
+                    self.offsets.remove(&b);
+                }
+            }
             self.restart_active(LogPoint {
                 lsn: if p.lsn_after > 0 {
                     p.lsn_after

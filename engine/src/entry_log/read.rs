@@ -30,12 +30,16 @@ impl Inner {
     }
 
     /// The entries with indexes in `from..to` that the log holds.
+    /// Purged entries are not returned (openraft asks only for what it did not purge).
     pub(super) fn read(&mut self, from: u64, to: u64) -> Result<Vec<LogEntry>> {
-        self.each_entry(from, to, read_entry)
+        let first = self.purged.map_or(1, |p| p.id.index + 1);
+        self.each_entry(from.max(first), to, read_entry)
     }
 
     /// The entries with indexes in `from..to` that the log holds, frame by frame with
-    /// their LSNs and positions (what applying them to the index needs).
+    /// their LSNs and positions (what applying them to the index needs). Purged entries
+    /// are returned too while their segments are kept: a purge only says Raft no longer
+    /// needs them as log entries; the engine's state is still built from them.
     pub(super) fn read_placed(
         &mut self,
         from: u64,
@@ -53,10 +57,7 @@ impl Inner {
         to: u64,
         read_one: impl Fn(&Segment, &mut ReadAhead, u64, u64) -> Result<T>,
     ) -> Result<Vec<T>> {
-        let first = self
-            .purged
-            .map_or(1, |p| p.id.index + 1)
-            .max(self.offsets.keys().next().copied().unwrap_or(1));
+        let first = self.offsets.keys().next().copied().unwrap_or(1);
         let mut out = Vec::new();
         let mut ahead = ReadAhead::default();
         let mut current: Option<u64> = None;
@@ -138,7 +139,7 @@ pub(super) fn frame_header(
 
 /// Reads the entry whose first frame is at `offset`.
 /// One stored frame of an entry: its LSN, where it is, its record type and body.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct PlacedFrame {
     pub lsn: u64,
     pub position: Position,

@@ -193,7 +193,7 @@ fn a_suffix_starting_a_segment_goes_whole() {
 }
 
 #[test]
-fn purging_deletes_whole_segments_and_is_remembered() {
+fn purging_keeps_the_segments_hides_the_entries_from_raft_and_is_remembered() {
     let dir = tempfile::tempdir().expect("dir");
     let log = EntryLog::open(config(dir.path())).expect("open");
     for i in (1..60).step_by(3) {
@@ -207,7 +207,13 @@ fn purging_deletes_whole_segments_and_is_remembered() {
     let before = segments(dir.path());
     let through = EntryId { term: 1, index: 30 };
     log.purge_through(through).expect("purge");
-    assert!(segments(dir.path()) < before, "segments deleted");
+    // The segments are the snapshot (the engine's state is built from them): none goes.
+    assert_eq!(segments(dir.path()), before, "no segment deleted");
+    assert_eq!(
+        log.read_placed(1, 2).expect("read placed").len(),
+        1,
+        "the engine still reads purged entries"
+    );
     assert_eq!(log.state().last_purged, Some(through));
     assert_eq!(
         log.read(0, 32).expect("read").first().map(|e| e.id.index),
@@ -331,3 +337,5 @@ fn a_purge_past_the_end_restarts_the_log_after_it() {
     assert_eq!(log.state().last_purged, Some(through));
     assert_eq!(ids(&log.read(0, 1000).expect("read")), [(5, 101), (5, 102)]);
 }
+
+mod snapshots;
