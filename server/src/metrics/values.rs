@@ -436,4 +436,14 @@ const RAFT: &[Row<NodeStatus>] = &[
         "Voters in the membership this member holds.",
         |s| Some(s.voters.len() as u64),
     ),
+    counter(
+        "cursorlog_raft_snapshot_sent_bytes",
+        "Snapshot (segment file) bytes this member sent to members catching up.",
+        |_| Some(cursorlog_replication::snapshot::bytes_sent()),
+    ),
+    counter(
+        "cursorlog_raft_snapshot_received_bytes",
+        "Snapshot (segment file) bytes this member received and installed.",
+        |_| Some(cursorlog_replication::snapshot::bytes_received()),
+    ),
 ];
