@@ -2,19 +2,24 @@
 //! or replaced while it was down. Raft needs a member to remember its vote, or it can vote
 //! twice in one term and two leaders can commit different entries at the same index.
 //!
-//! [`VoteGuard`] closes the common case: until a leader has reached this member (its vote is
-//! then a leader's committed vote, saved in `VOTE`), it grants a vote or pre-vote only to a
-//! candidate whose log ends at the cluster's first entry, which is what every candidate of a
-//! cluster being formed has. A candidate of a running cluster has more, so a member that lost
-//! its vote takes no part in an election until a leader has caught it up. (What remains: a
-//! term it voted in before the loss that is newer than the leader that reaches it; with three
-//! members that needs a third candidate in that same term, which cannot exist.)
+//! The same holds for a member whose log lost entries it had acknowledged (a tail cut at
+//! start): with the leader down, its vote could elect a member that missed them.
+//!
+//! [`VoteGuard`] closes both: until this member holds everything a leader had committed when
+//! it reached it (the leader's vote is then saved in `VOTE`), it grants a vote or pre-vote
+//! only to a candidate whose log ends at the cluster's first entry, which is what every
+//! candidate of a cluster being formed has. A candidate of a running cluster has more, so
+//! such a member takes no part in an election until a leader has caught it up. (What
+//! remains: a term it voted in before the loss that is newer than the leader that reaches
+//! it; with three members that needs a third candidate in that same term, which cannot
+//! exist.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::storage::RaftStateMachine;
+use openraft::ServerState;
 
 use crate::types::{LogId, Raft, TypeConfig};
 
@@ -48,9 +53,10 @@ impl VoteGuard {
         self.amnesiac.load(Ordering::Acquire)
     }
 
-    /// Lifts the guard once `raft`'s vote is a leader's committed vote (saved before openraft
-    /// reports it), from a task on the current runtime.
-    pub fn lift_when_led<SM>(&self, raft: &Raft<SM>)
+    /// Lifts the guard if `raft` becomes the leader (elected, it holds every committed
+    /// entry), from a task on the current runtime. Without it, a member formed the cluster
+    /// and led ever since could refuse the one vote a successor needs.
+    pub fn lift_when_leading<SM>(&self, raft: &Raft<SM>)
     where
         SM: RaftStateMachine<TypeConfig>,
     {
@@ -61,13 +67,12 @@ impl VoteGuard {
         let mut metrics = raft.metrics();
         tokio::spawn(async move {
             loop {
-                let led = {
-                    let m = metrics.borrow_watched();
-                    m.vote.is_committed() && m.current_leader.is_some()
-                };
-                if led {
+                if !amnesiac.load(Ordering::Acquire) {
+                    return;
+                }
+                if metrics.borrow_watched().state == ServerState::Leader {
                     amnesiac.store(false, Ordering::Release);
-                    tracing::info!("a leader reached this member: it votes again");
+                    tracing::info!("elected leader: this member votes again");
                     return;
                 }
                 if metrics.changed().await.is_err() {
@@ -75,6 +80,20 @@ impl VoteGuard {
                 }
             }
         });
+    }
+
+    /// Called with each AppendEntries this member accepted: `holds` is the last entry it now
+    /// holds from that leader, `leader_commit` the leader's commit index then. Lifts the
+    /// guard once the member holds everything the leader had committed: from then on it
+    /// cannot help elect a candidate that lacks an entry it once acknowledged.
+    pub fn accepted_append(&self, holds: Option<u64>, leader_commit: Option<u64>) {
+        let caught_up = leader_commit.is_none_or(|c| holds.is_some_and(|h| h >= c));
+        if caught_up && self.amnesiac.swap(false, Ordering::AcqRel) {
+            tracing::info!(
+                leader_commit,
+                "caught up with the leader's committed entries: this member votes again"
+            );
+        }
     }
 }
 
@@ -95,5 +114,21 @@ mod tests {
         assert!(VoteGuard::new(false)
             .refusal(Some(&LogId::new_term_index(3, 17)))
             .is_none());
+    }
+
+    #[test]
+    fn the_guard_lifts_only_once_the_member_holds_what_the_leader_committed() {
+        let guard = VoteGuard::new(true);
+        guard.accepted_append(None, Some(40));
+        guard.accepted_append(Some(39), Some(40));
+        assert!(
+            guard.waiting(),
+            "entry 40 was committed and is not here yet"
+        );
+        guard.accepted_append(Some(40), Some(40));
+        assert!(!guard.waiting());
+        let fresh = VoteGuard::new(true);
+        fresh.accepted_append(None, None);
+        assert!(!fresh.waiting(), "nothing committed yet: nothing to miss");
     }
 }

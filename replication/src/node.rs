@@ -158,7 +158,7 @@ impl ReplicatedNode {
             }
         }
         let vote_guard = VoteGuard::new(fresh);
-        vote_guard.lift_when_led(&raft);
+        vote_guard.lift_when_leading(&raft);
         if fresh && first != Some(options.id) {
             tracing::info!(
                 "this member has no saved vote: it votes in an election of a running cluster \

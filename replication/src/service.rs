@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use cursorlog_proto::raft_v1::raft_server::{Raft as RaftRpc, RaftServer};
 use cursorlog_proto::raft_v1::{RaftReply, RaftRequest, SnapshotChunk};
-use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest};
 use openraft::storage::RaftStateMachine;
 use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
@@ -185,7 +185,18 @@ where
     ) -> Result<Response<RaftReply>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> =
             codec::decode("AppendEntries", &request.get_ref().data).map_err(bad_request)?;
+        let leader_commit = rpc.leader_commit.map(|c| c.index);
+        let sent = rpc.entries.last().map(|e| e.log_id.index);
+        let sent = sent.or(rpc.prev_log_id.map(|p| p.index));
         let response = self.raft.append_entries(rpc).await.map_err(stopped)?;
+        let holds = match &response {
+            AppendEntriesResponse::Success => Some(sent),
+            AppendEntriesResponse::PartialSuccess(matched) => Some(matched.map(|m| m.index)),
+            _ => None,
+        };
+        if let Some(holds) = holds {
+            self.guard.accepted_append(holds, leader_commit);
+        }
         reply("AppendEntriesResponse", &response).map(Response::new)
     }
 
