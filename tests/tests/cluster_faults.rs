@@ -508,6 +508,19 @@ async fn a_truncated_append_is_not_acknowledged_as_a_duplicate_later() {
 /// the cluster waits for the old leader, and every acknowledged event is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wiped_member_does_not_vote_in_a_leader_that_lacks_acknowledged_events() {
+    wiped_holder_with_leader_down(0).await;
+}
+
+/// As above, with member 1 wiped: the member that formed the cluster, which forms one
+/// again when it starts on an empty directory; its vote must be withheld all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_founding_member_does_not_vote_in_a_stale_leader_either() {
+    wiped_holder_with_leader_down(1).await;
+}
+
+/// Member `leader` leads and member `leader + 2` holds the acknowledged events with it while
+/// member `leader + 1` is down; then the leader is down and the holder wiped.
+async fn wiped_holder_with_leader_down(leader: usize) {
     let cluster = Arc::new(Cluster::start(&TIMING).await);
     let _dump = DumpOnPanic(Arc::clone(&cluster));
     let oracle = Oracle::default();
@@ -515,7 +528,7 @@ async fn a_wiped_member_does_not_vote_in_a_leader_that_lacks_acknowledged_events
     oracle
         .probe_append(&cluster, "probe-amnesia", stream, 1, b"on all three")
         .await;
-    let leader = cluster.leader(None).await;
+    cluster.force_leader(leader).await;
     cluster.wait_caught_up(leader).await;
     let (stale, holder) = ((leader + 1) % MEMBERS, (leader + 2) % MEMBERS);
     cluster.kill(stale);
