@@ -21,7 +21,7 @@
 //! directory).
 //!
 //! Bytes sent and received are counted ([`bytes_sent`], [`bytes_received`]) for the
-//! `cursorlog_raft_snapshot_*` metrics.
+//! `cursorlog_raft_snapshot_*_bytes_total` metrics.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Seek as _, Write as _};

@@ -437,12 +437,12 @@ const RAFT: &[Row<NodeStatus>] = &[
         |s| Some(s.voters.len() as u64),
     ),
     counter(
-        "cursorlog_raft_snapshot_sent_bytes",
+        "cursorlog_raft_snapshot_sent_bytes_total",
         "Snapshot (segment file) bytes this member sent to members catching up.",
         |_| Some(cursorlog_replication::snapshot::bytes_sent()),
     ),
     counter(
-        "cursorlog_raft_snapshot_received_bytes",
+        "cursorlog_raft_snapshot_received_bytes_total",
         "Snapshot (segment file) bytes this member received and installed.",
         |_| Some(cursorlog_replication::snapshot::bytes_received()),
     ),
