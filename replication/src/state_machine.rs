@@ -189,6 +189,18 @@ impl RaftStateMachine<TypeConfig> for EngineStateMachine {
             let log = engine
                 .entry_log()
                 .ok_or_else(|| io::Error::other("the engine has no replicated log"))?;
+            if log.holds(manifest.last).map_err(io::Error::other)? {
+                // Everything the snapshot brings is already here (and maybe entries after
+                // it, which openraft keeps): apply up to it instead of replacing the log.
+                let applied = engine
+                    .apply_committed(manifest.last.index)
+                    .map_err(io::Error::other)?;
+                tracing::info!(
+                    entries = applied.entries,
+                    "snapshot install: the log already holds the snapshot's entries; applied them"
+                );
+                return Ok(());
+            }
             let staging = log.begin_install(manifest).map_err(io::Error::other)?;
             snapshot::copy_into(snapshot, &staging)?;
             staging.finish().map_err(io::Error::other)?;

@@ -211,6 +211,22 @@ pub(crate) enum InstallStep {
 }
 
 impl EntryLog {
+    /// True when the log holds entry `id` (same index, same term), purged or not: a
+    /// member that does already holds everything a snapshot through `id` would bring
+    /// (Raft's log matching), and must not replace its log (entries after `id` would go).
+    ///
+    /// # Errors
+    /// Corruption of the stored frame; I/O failures.
+    pub fn holds(&self, id: EntryId) -> Result<bool> {
+        let mut inner = self.lock();
+        match inner.locate(id.index)? {
+            Some((seg, offset)) => {
+                Ok(frame_header(&seg, &mut ReadAhead::default(), offset)?.term == id.term)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Takes a snapshot of the log through entry `through` (which must be committed and
     /// held): the segments holding entries up to it, the last cut after it, each opened
     /// read-only. No data is read or copied.

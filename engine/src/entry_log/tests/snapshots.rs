@@ -85,6 +85,9 @@ fn a_snapshot_is_the_files_up_to_an_entry_and_carries_the_next_lsn() {
     bad.files[0].0 = "../x.seg".into();
     assert_eq!(SnapshotManifest::decode(&bad.encode()), None);
     assert!(leader.snapshot(EntryId { term: 1, index: 41 }).is_err());
+    assert!(leader.holds(through).expect("holds"));
+    assert!(!leader.holds(EntryId { term: 2, index: 25 }).expect("holds"));
+    assert!(!leader.holds(EntryId { term: 1, index: 41 }).expect("holds"));
 }
 
 #[test]
