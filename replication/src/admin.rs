@@ -2,11 +2,13 @@
 //! `cursorlog cluster …` commands. Served by every member beside the Raft service; changes
 //! are carried out by the leader (a follower answers `UNAVAILABLE` naming it).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use cursorlog_proto::raft_v1::cluster_admin_server::{ClusterAdmin, ClusterAdminServer};
-use cursorlog_proto::raft_v1::{AddLearnerRequest, MemberStatus, MembersRequest, StatusRequest};
-use openraft::error::{ClientWriteError, RaftError};
+use cursorlog_proto::raft_v1::{
+    AddLearnerRequest, InitRequest, MemberStatus, MembersRequest, StatusRequest,
+};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::ChangeMembers;
 use tonic::{Request, Response, Status};
 
@@ -17,12 +19,14 @@ use crate::types::{NodeId, RaftNode};
 #[derive(Debug, Clone)]
 pub struct AdminService {
     node: ReplicatedNode,
+    founders: BTreeMap<NodeId, RaftNode>,
 }
 
 impl AdminService {
-    /// The admin service of `node`.
-    pub fn new(node: ReplicatedNode) -> Self {
-        Self { node }
+    /// The admin service of `node`; `Init` forms a cluster of `founders` (the member's
+    /// `--peers`).
+    pub fn new(node: ReplicatedNode, founders: BTreeMap<NodeId, RaftNode>) -> Self {
+        Self { node, founders }
     }
 
     /// The tonic server.
@@ -154,5 +158,27 @@ impl ClusterAdmin for AdminService {
                 .map_err(|e| refused(&e))?;
         }
         Ok(Response::new(self.status()))
+    }
+
+    async fn init(&self, _: Request<InitRequest>) -> Result<Response<MemberStatus>, Status> {
+        if self.founders.is_empty() {
+            return Err(Status::failed_precondition(
+                "this member was started without --peers: it has no members to form a cluster with",
+            ));
+        }
+        tracing::info!(members = ?self.founders, "forming the cluster (cluster init)");
+        match self.node.raft().initialize(self.founders.clone()).await {
+            Ok(()) => Ok(Response::new(self.status())),
+            Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
+                Err(Status::failed_precondition(format!(
+                    "the cluster is already formed (this member's log or vote says so: {e}); \
+                     nothing to do"
+                )))
+            }
+            Err(RaftError::APIError(e)) => Err(Status::invalid_argument(e.to_string())),
+            Err(RaftError::Fatal(e)) => {
+                Err(Status::unavailable(format!("the raft node stopped: {e}")))
+            }
+        }
     }
 }

@@ -71,6 +71,11 @@ pub struct ClusterArgs {
     /// How often the leader heartbeats its followers, in ms.
     #[arg(long, env = "CURSORLOG_HEARTBEAT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(5..))]
     pub heartbeat_ms: u64,
+    /// Never form the cluster from this member: wait for `cursorlog cluster init` (sent to
+    /// any member started with the same --peers) or to be added with `cluster add-learner`.
+    /// Without it, the lowest ID of --peers forms the cluster on its first start.
+    #[arg(long, env = "CURSORLOG_JOIN", requires = "node_id")]
+    pub join: bool,
     /// TEST ONLY: dial member ID at HOST:PORT instead of its --peers address (a fault proxy
     /// on the link from this node to it). Repeatable; hidden from --help.
     #[arg(long, hide = true, value_parser = parse_peer)]
@@ -117,6 +122,15 @@ fn members(args: &ClusterArgs, id: NodeId) -> Result<BTreeMap<NodeId, RaftNode>,
         ));
     }
     Ok(members)
+}
+
+/// The members `cursorlog cluster init` forms the cluster of: this member's --peers (empty
+/// for a single node, or when the list is invalid: `start` reports that).
+pub fn founders(args: &ServeArgs) -> BTreeMap<NodeId, RaftNode> {
+    args.cluster
+        .node_id
+        .and_then(|id| members(&args.cluster, id).ok())
+        .unwrap_or_default()
 }
 
 /// The raw bearer token peers present to each other (the same one clients use).
@@ -174,7 +188,12 @@ pub async fn start(args: &ServeArgs, config: Config) -> Result<Option<Replicated
     let node = ReplicatedNode::start(NodeOptions {
         id,
         engine: config,
-        members,
+        // A member that joins forms nothing: `cluster init` or `add-learner` brings it in.
+        members: if args.cluster.join {
+            BTreeMap::new()
+        } else {
+            members
+        },
         timing: ClusterTiming {
             heartbeat,
             election_min: election,

@@ -1,4 +1,4 @@
-//! `cursorlog cluster status|add-learner|promote|remove`: operate a replicated cluster
+//! `cursorlog cluster init|status|add-learner|promote|remove`: operate a replicated cluster
 //! through its members' `cursorlog.raft.v1.ClusterAdmin` service.
 //!
 //! Every command takes `--members` (the cluster's client addresses, comma-separated); a
@@ -8,12 +8,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cursorlog_proto::raft_v1::cluster_admin_client::ClusterAdminClient;
-use cursorlog_proto::raft_v1::{AddLearnerRequest, MemberStatus, MembersRequest, StatusRequest};
+use cursorlog_proto::raft_v1::{
+    AddLearnerRequest, InitRequest, MemberStatus, MembersRequest, StatusRequest,
+};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// What to do with the cluster.
 #[derive(Debug, clap::Subcommand)]
 pub enum ClusterCommand {
+    /// Form the cluster from the --peers list of the members (started with `serve --join`),
+    /// then wait for its first leader. Refused when the cluster is already formed.
+    Init(Target),
     /// Print each member's view: role, term, leader, log, commit and apply indexes, lag.
     Status(Target),
     /// Add a member as a learner (it copies the log, does not vote) and wait until it caught
@@ -135,6 +140,7 @@ pub fn run(command: ClusterCommand) -> ExitCode {
 
 async fn execute(command: ClusterCommand) -> Result<(), String> {
     match command {
+        ClusterCommand::Init(target) => init(&target).await,
         ClusterCommand::Status(target) => {
             println!("{}", header());
             let mut reached = 0;
@@ -185,6 +191,61 @@ async fn execute(command: ClusterCommand) -> Result<(), String> {
             println!("removed; members now:\n{}", members(&s));
             Ok(())
         }
+    }
+}
+
+/// `cluster init`: asks the first member that answers to form the cluster, then waits for
+/// a leader.
+async fn init(target: &Target) -> Result<(), String> {
+    let mut last = String::new();
+    let mut formed = None;
+    for addr in &target.members {
+        let mut c = match client(target, addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        match c.init(InitRequest {}).await {
+            Ok(s) => {
+                formed = Some(s.into_inner());
+                break;
+            }
+            Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+                return Err(format!("{addr}: {}", e.message()));
+            }
+            Err(e) => last = format!("{addr}: {}", e.message()),
+        }
+    }
+    let Some(s) = formed else {
+        return Err(format!("no member formed the cluster (last: {last})"));
+    };
+    println!("formed the cluster; members:\n{}", members(&s));
+    println!("waiting for the first leader…");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        for addr in &target.members {
+            if let Ok(s) = status_of(target, addr).await {
+                if s.role == "leader" {
+                    println!("member {} at {addr} leads (term {})", s.node_id, s.term);
+                    return Ok(());
+                }
+                if s.leader_id != 0 && !s.leader_addr.is_empty() {
+                    let (id, at) = (s.leader_id, &s.leader_addr);
+                    println!("member {id} at {at} leads (term {})", s.term);
+                    return Ok(());
+                }
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(
+                "no leader within 60 s of forming the cluster: are a majority of the members \
+                 running? (`cursorlog cluster status` shows each member's view)"
+                    .into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

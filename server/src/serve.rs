@@ -368,7 +368,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     });
     let admin = node.as_ref().map(|node| {
         InterceptedService::new(
-            cursorlog_replication::AdminService::new(node.clone()).into_server(),
+            cursorlog_replication::AdminService::new(node.clone(), crate::cluster::founders(&args))
+                .into_server(),
             check.clone(),
         )
     });

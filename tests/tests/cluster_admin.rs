@@ -268,3 +268,50 @@ async fn members_join_get_promoted_and_leave_under_load_without_losing_an_event(
     assert!(!status.success(), "{out}");
     assert!(err.contains("--node-id"), "{err}");
 }
+
+/// Members started with `--join` form nothing by themselves (no log, no leader) until
+/// `cluster init`; then they elect a leader and take writes; a second `init` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_started_with_join_wait_for_cluster_init() {
+    let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let _servers: Vec<Server> = (1..=3)
+        .map(|i| start_member(i, &addrs, dirs[i - 1].path(), &["--join"]))
+        .collect();
+    let members = addrs.join(",");
+    // Without --join, member 1 writes the cluster's first entry before it listens.
+    let status = tokio::task::spawn_blocking({
+        let m = members.clone();
+        move || cluster(&["status"], &m)
+    })
+    .await
+    .unwrap();
+    let logs: Vec<&str> = status
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .collect();
+    assert_eq!(
+        logs,
+        ["-", "-", "-"],
+        "no member may have a log yet:\n{status}"
+    );
+    assert!(leader_rows(&status).is_empty(), "{status}");
+
+    let out = tokio::task::spawn_blocking({
+        let m = members.clone();
+        move || cluster(&["init"], &m)
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.contains("formed the cluster") && out.contains("leads"),
+        "{out}"
+    );
+    let (_, acked) = writer(addrs.clone(), 5).await;
+    assert_eq!(acked, 5);
+
+    let (status, out, err) = run_tool(&["cluster", "init", "--members", &members]);
+    assert!(!status.success(), "a second init succeeded: {out}");
+    assert!(err.contains("already formed"), "{err}");
+}
