@@ -84,7 +84,7 @@ pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};
 #[cfg(feature = "testing")]
 pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
-pub use propose::{Proposed, Proposer};
+pub use propose::{Proposed, Proposer, Settle};
 pub use read::Follower;
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};

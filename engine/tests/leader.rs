@@ -9,14 +9,19 @@ mod common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::history::{describe, history};
 use common::*;
 use cursorlog_engine::{
     Config, CorruptionKind, Engine, EntryId, EntryLog, EntryLogConfig, EntryPayload, Error,
-    LogEntry, ManualClock, OpenStream, Proposal, Proposed, Proposer, SyncPolicy,
+    LogEntry, ManualClock, OpenStream, Proposal, Proposed, Proposer, Settle, SyncPolicy,
 };
+
+/// A proposed batch held for the test to settle.
+type Held = (Vec<Proposal>, Settle);
 
 /// A one-node cluster: appends proposals to the log in term 1, commits them and applies.
 #[derive(Debug)]
@@ -34,6 +39,10 @@ struct LocalCluster {
     /// How many coming batches settle as "outcome unknown", with nothing appended (a
     /// leader that lost its quorum while they were in flight).
     unknown_batches: std::sync::atomic::AtomicUsize,
+    /// Batches go here, to be settled by the test, instead of being settled at once.
+    to_test: Mutex<Option<Sender<Held>>>,
+    /// The next batch's `prepare` says so on the first and waits for the second.
+    prepare_hold: Mutex<Option<(Sender<()>, Receiver<()>)>>,
 }
 
 impl LocalCluster {
@@ -58,12 +67,16 @@ impl LocalCluster {
 }
 
 impl Proposer for LocalCluster {
-    fn prepare(&self) -> Result<(), Proposed> {
+    fn prepare(&self) -> Result<u64, Proposed> {
+        if let Some((entered, release)) = self.prepare_hold.lock().unwrap().take() {
+            entered.send(()).unwrap();
+            release.recv().unwrap();
+        }
         match self.follower_of.lock().unwrap().clone() {
             Some(leader) => Err(Proposed::NotLeader {
                 leader: Some(leader),
             }),
-            None => Ok(()),
+            None => Ok(1),
         }
     }
 
@@ -71,7 +84,20 @@ impl Proposer for LocalCluster {
         self.follower_of.lock().unwrap().is_none()
     }
 
-    fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
+    fn propose(&self, entries: Vec<Proposal>, settle: Settle) {
+        if let Some(test) = self.to_test.lock().unwrap().clone() {
+            return test.send((entries, settle)).unwrap();
+        }
+        settle.settle(self.settle_now(entries));
+    }
+}
+
+impl LocalCluster {
+    /// Appends, commits and applies `entries` at once (or as the test arranged).
+    fn settle_now(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
+        if entries.is_empty() {
+            return Vec::new();
+        }
         if let Some((entered, release)) = self.hold.lock().unwrap().take() {
             entered.send(()).unwrap();
             release.recv().unwrap();
@@ -125,6 +151,8 @@ fn open_leader(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, Arc<LocalCluste
         follower_of: Mutex::new(None),
         hold: Mutex::new(None),
         unknown_batches: std::sync::atomic::AtomicUsize::new(0),
+        to_test: Mutex::new(None),
+        prepare_hold: Mutex::new(None),
     });
     let engine = Engine::open_replicated(
         config_at(dir, clock),
@@ -362,4 +390,146 @@ fn a_log_that_lost_its_tail_past_the_committed_entry_is_refused_with_what_to_do(
         other => panic!("{other:?}"),
     }
     assert!(err.to_string().contains("cluster remove"), "{err}");
+}
+
+/// An append of one event to `stream` at `seq`.
+fn one_event(session: &str, stream: u64, seq: u64) -> cursorlog_engine::Append {
+    cursorlog_engine::Append {
+        session: session.into(),
+        stream,
+        expected_next_seq: Some(seq),
+        events: vec![cursorlog_engine::NewEvent::new("k", b"x".to_vec())],
+    }
+}
+
+/// The next batch the writer proposed (it is held until the test settles it).
+fn next_batch(batches: &Receiver<Held>) -> Held {
+    batches
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the writer proposes the next batch while the ones before it are in flight")
+}
+
+#[test]
+fn batches_are_planned_against_the_ones_in_flight_and_answered_in_order() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    let (_, x) = new_stream(&leader, "s", None);
+    let (_, y) = new_stream(&leader, "t", None);
+    let (to_test, batches) = std::sync::mpsc::channel();
+    *cluster.to_test.lock().unwrap() = Some(to_test);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Three batches in flight at once, none settled: the second event of x is planned
+    // against the first, which has not applied yet.
+    let x1 = rt
+        .block_on(leader.queue_append(one_event("s", x, 1)))
+        .unwrap();
+    let a = next_batch(&batches);
+    let y1 = rt
+        .block_on(leader.queue_append(one_event("t", y, 1)))
+        .unwrap();
+    let b = next_batch(&batches);
+    let x2 = rt
+        .block_on(leader.queue_append(one_event("s", x, 2)))
+        .unwrap();
+    let c = next_batch(&batches);
+    assert_eq!((a.0.len(), b.0.len(), c.0.len()), (1, 1, 1));
+    // The cluster commits and applies them in order, but reports the last first.
+    let outcomes: Vec<_> = [a.0, b.0, c.0]
+        .into_iter()
+        .map(|entries| cluster.settle_now(entries))
+        .collect();
+    assert!(outcomes.iter().flatten().all(|o| *o == Proposed::Applied));
+    let settled = || leader.stats().unwrap().commit_batches;
+    let before = settled();
+    c.1.settle(outcomes[2].clone());
+    b.1.settle(outcomes[1].clone());
+    assert_eq!(
+        settled(),
+        before,
+        "nothing is answered before the first batch settles"
+    );
+    a.1.settle(outcomes[0].clone());
+    assert_eq!(settled(), before + 3);
+    let seqs = |r: cursorlog_engine::Result<cursorlog_engine::Appended>| {
+        let r = r.unwrap();
+        (r.stream, r.first_seq, r.duplicate)
+    };
+    assert_eq!(seqs(rt.block_on(x1)), (x, 1, false));
+    assert_eq!(seqs(rt.block_on(y1)), (y, 1, false));
+    assert_eq!(seqs(rt.block_on(x2)), (x, 2, false));
+    *cluster.to_test.lock().unwrap() = None;
+    let heads: Vec<_> = leader.streams().unwrap().iter().map(|s| s.head).collect();
+    assert_eq!(heads, [2, 1]);
+    close(leader, &cluster);
+}
+
+#[test]
+fn a_request_planned_against_a_failed_batch_in_flight_is_not_acknowledged() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    let (_, x) = new_stream(&leader, "s", None);
+    let (_, y) = new_stream(&leader, "t", None);
+    let (to_test, batches) = std::sync::mpsc::channel();
+    *cluster.to_test.lock().unwrap() = Some(to_test);
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    *cluster.prepare_hold.lock().unwrap() = Some((entered_tx, release_rx));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Batch A holds the first attempt of x's event 1. While the writer is about to plan it,
+    // a resend of that append and y's event 1 queue: they form batch B, planned while A is
+    // in flight. The resend is planned as a duplicate of A's append (no entry of its own).
+    let first = {
+        let leader = leader.clone();
+        std::thread::spawn(move || leader.append(one_event("s", x, 1)))
+    };
+    entered.recv().unwrap();
+    let resend = rt
+        .block_on(leader.queue_append(one_event("s", x, 1)))
+        .unwrap();
+    let y1 = rt
+        .block_on(leader.queue_append(one_event("t", y, 1)))
+        .unwrap();
+    release.send(()).unwrap();
+    let a = next_batch(&batches);
+    let b = next_batch(&batches);
+    assert_eq!(
+        (a.0.len(), b.0.len()),
+        (1, 1),
+        "B's only entry is y's event"
+    );
+    // A is lost (its leader lost the quorum); B commits and applies: y's event is valid
+    // against the state without A.
+    a.1.settle(vec![Proposed::Unknown("lost the quorum".into())]);
+    let b_outcomes = cluster.settle_now(b.0);
+    assert_eq!(b_outcomes, [Proposed::Applied]);
+    b.1.settle(b_outcomes);
+    assert!(
+        matches!(first.join().unwrap(), Err(Error::NotConfirmed(_))),
+        "A was not applied"
+    );
+    let resend = rt.block_on(resend);
+    assert!(
+        matches!(resend, Err(Error::NotConfirmed(_))),
+        "a resend was answered from an append in flight that never committed: {resend:?}"
+    );
+    // Every request planned after A's group is refused, even one whose own entry applied
+    // (y's event is in the log: its caller is told to retry, as with any unknown outcome).
+    let y1 = rt.block_on(y1);
+    assert!(matches!(y1, Err(Error::NotConfirmed(_))), "{y1:?}");
+    // The next batch is planned against the index, not the failed window: x's event 1 is
+    // new again.
+    *cluster.to_test.lock().unwrap() = None;
+    let again = leader.append(one_event("s", x, 1)).unwrap();
+    assert_eq!((again.first_seq, again.duplicate), (1, false));
+    let heads: Vec<_> = leader.streams().unwrap().iter().map(|s| s.head).collect();
+    assert_eq!(heads, [1, 1]);
+    close(leader, &cluster);
 }

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use cursorlog_engine::{Config, Engine, EntryLog, EntryLogConfig, Proposal, Proposed, Proposer};
+use cursorlog_engine::{
+    Config, Engine, EntryLog, EntryLogConfig, Proposal, Proposed, Proposer, Settle,
+};
 use futures_util::StreamExt as _;
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
@@ -125,7 +127,7 @@ impl ReplicatedNode {
             id: options.id,
             raft: OnceLock::new(),
             runtime: tokio::runtime::Handle::current(),
-            ready_term: Mutex::new(None),
+            ready_term: Arc::new(Mutex::new(None)),
             timeout: options.request_timeout,
         });
         let engine = {
@@ -327,8 +329,9 @@ pub struct RaftProposer {
     raft: OnceLock<Raft<EngineStateMachine>>,
     runtime: tokio::runtime::Handle,
     /// The term in which this node, as leader, last confirmed it applied everything
-    /// committed before its term (see [`Proposer::prepare`]).
-    ready_term: Mutex<Option<u64>>,
+    /// committed before its term (see [`Proposer::prepare`]); reset by a batch that found
+    /// this node no longer leading.
+    ready_term: Arc<Mutex<Option<u64>>>,
     timeout: Duration,
 }
 
@@ -371,7 +374,7 @@ impl RaftProposer {
 }
 
 impl Proposer for RaftProposer {
-    fn prepare(&self) -> Result<(), Proposed> {
+    fn prepare(&self) -> Result<u64, Proposed> {
         let raft = self.raft()?;
         let m = raft.metrics().borrow_watched().clone();
         if !leads(&m, self.id) {
@@ -384,13 +387,13 @@ impl Proposer for RaftProposer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if *ready == Some(m.current_term) {
-            return Ok(());
+            return Ok(m.current_term);
         }
         // First batch of this term: a ReadIndex round makes this node apply everything
         // committed before its term's first entry (a new leader's index may lag the log).
         self.runtime.block_on(self.linearizable())?;
         *ready = Some(m.current_term);
-        Ok(())
+        Ok(m.current_term)
     }
 
     fn leads(&self) -> bool {
@@ -399,10 +402,14 @@ impl Proposer for RaftProposer {
             .is_some_and(|raft| leads(&raft.metrics().borrow_watched(), self.id))
     }
 
-    fn propose(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
+    fn propose(&self, entries: Vec<Proposal>, settle: Settle) {
         let count = entries.len();
-        let Ok(raft) = self.raft() else {
-            return vec![Proposed::Unknown("the node is starting".into()); count];
+        if count == 0 {
+            return settle.settle(Vec::new());
+        }
+        let raft = match self.raft() {
+            Ok(raft) => raft.clone(),
+            Err(starting) => return settle.settle(vec![starting; count]),
         };
         let data: Vec<RaftProposal> = entries
             .into_iter()
@@ -410,46 +417,61 @@ impl Proposer for RaftProposer {
                 records: p.as_bytes().to_vec(),
             })
             .collect();
-        let settle = async {
-            let mut out = Vec::with_capacity(count);
-            let mut results = match raft.client_write_many(data).await {
-                Ok(results) => results,
-                Err(fatal) => return vec![Proposed::Unknown(fatal.to_string()); count],
-            };
-            while let Some(result) = results.next().await {
-                out.push(match result {
-                    Ok(Ok(written)) => match written.response.refused {
-                        None => Proposed::Applied,
-                        Some(why) => Proposed::Refused(why),
-                    },
-                    // Refused before it was appended: nothing of it exists, retry elsewhere.
-                    Ok(Err(ClientWriteError::ForwardToLeader(f))) => Proposed::NotLeader {
-                        leader: f.leader_node.map(|n| n.addr),
-                    },
-                    Ok(Err(e)) => Proposed::Unknown(e.to_string()),
-                    Err(fatal) => Proposed::Unknown(fatal.to_string()),
-                });
+        // Queued on the writer's thread, so batches reach the log in the order they were
+        // planned (each is planned against the batches before it); only the wait for their
+        // outcomes runs beside the writer, which goes on to plan the next batch.
+        let queued = self.runtime.block_on(async {
+            tokio::time::timeout(self.timeout, raft.client_write_many(data)).await
+        });
+        let results = match queued {
+            Ok(Ok(results)) => results,
+            Ok(Err(fatal)) => {
+                return settle.settle(vec![Proposed::Unknown(fatal.to_string()); count]);
             }
-            out
+            Err(_) => {
+                let why = format!(
+                    "not queued within {} ms (the entries may still commit)",
+                    self.timeout.as_millis()
+                );
+                return settle.settle(vec![Proposed::Unknown(why); count]);
+            }
         };
-        // A timeout leaves the outcomes not reported yet as unknown (filled in below).
-        let mut out = self
-            .runtime
-            .block_on(async { tokio::time::timeout(self.timeout, settle).await })
-            .unwrap_or_default();
-        out.resize(
-            count,
-            Proposed::Unknown(format!(
-                "no outcome within {} ms (the entry may still commit)",
-                self.timeout.as_millis()
-            )),
-        );
-        if out.iter().any(|o| matches!(o, Proposed::NotLeader { .. })) {
-            *self
-                .ready_term
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = None;
-        }
-        out
+        let (timeout, ready_term) = (self.timeout, Arc::clone(&self.ready_term));
+        self.runtime.spawn(async move {
+            let outcomes = async {
+                let mut out = Vec::with_capacity(count);
+                let mut results = results;
+                while let Some(result) = results.next().await {
+                    out.push(match result {
+                        Ok(Ok(written)) => match written.response.refused {
+                            None => Proposed::Applied,
+                            Some(why) => Proposed::Refused(why),
+                        },
+                        // Refused before it was appended: nothing of it exists, retry elsewhere.
+                        Ok(Err(ClientWriteError::ForwardToLeader(f))) => Proposed::NotLeader {
+                            leader: f.leader_node.map(|n| n.addr),
+                        },
+                        Ok(Err(e)) => Proposed::Unknown(e.to_string()),
+                        Err(fatal) => Proposed::Unknown(fatal.to_string()),
+                    });
+                }
+                out
+            };
+            // A timeout leaves the outcomes not reported yet as unknown (filled in below).
+            let mut out = tokio::time::timeout(timeout, outcomes)
+                .await
+                .unwrap_or_default();
+            out.resize(
+                count,
+                Proposed::Unknown(format!(
+                    "no outcome within {} ms (the entry may still commit)",
+                    timeout.as_millis()
+                )),
+            );
+            if out.iter().any(|o| matches!(o, Proposed::NotLeader { .. })) {
+                *ready_term.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            settle.settle(out);
+        });
     }
 }

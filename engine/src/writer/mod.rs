@@ -17,6 +17,7 @@ use crate::shared::Shared;
 
 mod carry;
 mod gather;
+mod pipeline;
 mod plan;
 mod propose;
 mod sink;
@@ -171,7 +172,11 @@ impl Writer {
             self.acker = Some(tx);
             handle
         });
-        self.run_loop(rx);
+        if matches!(self.log, Sink::Proposals(_)) {
+            self.run_pipelined(rx);
+        } else {
+            self.run_loop(rx);
+        }
         // Every answer is delivered before the writer is joined.
         self.acker = None;
         if let Some(handle) = acker {
@@ -276,7 +281,9 @@ impl Writer {
             return self.fail_all(batch, || Error::Poisoned);
         }
         if matches!(self.log, Sink::Proposals(_)) {
-            return self.propose(batch);
+            return self.fail_all(batch, || {
+                Error::Internal("a replicated node's writer plans in its pipeline".into())
+            });
         }
         match self
             .log

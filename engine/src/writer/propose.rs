@@ -1,29 +1,109 @@
 //! The leader side of a replicated node's writer: a batch is planned exactly as a single
 //! node plans it, then proposed as one entry per planned group instead of written, and each
 //! caller is answered from how its entries settled (see `crate::propose`).
+//!
+//! Batches are pipelined: while up to [`IN_FLIGHT_MAX`] batches are in flight, the next is
+//! planned against the state they will leave and proposed behind them. The batches planned
+//! that way form a *window* sharing one overlay over the index (a batch's planned changes
+//! are in it until the window ends, whether or not apply already put them in the index:
+//! the index changes only by the window's own entries while this node leads), one group
+//! buffer (a retry is matched against the events of the batches in flight), and LSN
+//! predictions that run on from batch to batch. A window ends, and the next one starts
+//! from the index once every batch in flight settled, when a group of it did not apply
+//! (its plans are then stale), when the term changed, or when it grew past a bound (so its
+//! overlay and buffer stay small; a window also ends whenever nothing is in flight).
 
-use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
-use super::{Acks, Effect, Sink, Writer, KEPT_BUFFER_BYTES_MAX};
+use super::gather::Gather;
+use super::pipeline::{error_of, Answers, Batch, Pipeline, Planned, IN_FLIGHT_MAX};
+use super::{drain, Sink, Writer, KEPT_BUFFER_BYTES_MAX};
 use crate::error::Error;
-use crate::index::Txn;
-use crate::mailbox::{Command, Request};
-use crate::propose::Proposed;
+use crate::index::{Index, Txn};
+use crate::mailbox::{Command, Inbox, Request};
 
-/// A request planned into this batch: its answer if its entries apply, and which of the
-/// batch's groups, effects and leases are its.
-struct Planned {
-    reply: crate::mailbox::ReplyTo,
-    answer: crate::mailbox::Reply,
-    groups: Range<usize>,
-    effects: Range<usize>,
-    leased: Range<usize>,
+/// Most batches in one window.
+const WINDOW_BATCHES_MAX: usize = 256;
+/// The group buffer size past which a window ends (its frames, kept for retries).
+const WINDOW_BYTES_MAX: usize = 16 << 20;
+
+/// Batches planned one after another against one overlay (see the module's doc).
+struct Window<'a> {
+    txn: Txn<'a>,
+    /// The frames of the window's batches, in order (retries are matched against them).
+    buf: Vec<u8>,
+    /// The term the window's batches were planned in.
+    term: u64,
+    batches: usize,
+    /// Groups proposed in the window so far.
+    groups: usize,
 }
 
 impl Writer {
-    /// Plans `batch`, proposes its groups and answers each request once its entries settled.
-    pub(super) fn propose(&mut self, batch: Vec<Request>) {
+    /// The replicated node's writer loop: gathers a batch, plans and proposes it (waiting
+    /// only while [`IN_FLIGHT_MAX`] batches are in flight), until every sender is gone; then
+    /// waits for the batches in flight to settle and closes.
+    pub(super) fn run_pipelined(&mut self, rx: &Inbox) {
+        let Sink::Proposals(proposals) = &self.log else {
+            return self.run_loop(rx);
+        };
+        let pipeline = Arc::clone(&proposals.pipeline);
+        let index = self.shared.index.clone();
+        let mut window: Option<Window<'_>> = None;
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            drain(rx, &mut batch);
+            // While the pipeline is full, requests queue and join this batch.
+            pipeline.wait_below(IN_FLIGHT_MAX);
+            // Every entry ends in `fdatasync`s: waiting for the producers the last batches
+            // answered pays, as on a single node syncing always (see `gather`).
+            let mut gather = Gather::new(Instant::now(), self.producers.expected());
+            loop {
+                let queued = batch.len();
+                drain(rx, &mut batch);
+                let grew = batch.len() > queued;
+                let acks_pending = self.acks_in_flight.load(Ordering::Acquire) > 0;
+                if !gather.keep_waiting(Instant::now(), batch.len(), grew, acks_pending) {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            drain(rx, &mut batch);
+            self.producers.record(&batch, gather.futile());
+            let bytes: u64 = batch.iter().map(|r| r.bytes).sum();
+            if self.shared.poisoned.load(Ordering::Acquire) {
+                self.fail_all(batch, || Error::Poisoned);
+            } else {
+                self.propose(batch, &index, &mut window, &pipeline);
+            }
+            self.shared.admission.give_back(bytes);
+        }
+        // Every batch in flight is answered before the writer closes.
+        if let Some(w) = window.take() {
+            self.keep_buffer(w.buf);
+        }
+        pipeline.start_window();
+        if !self.shared.poisoned.load(Ordering::Acquire)
+            && !self.shared.crashed.load(Ordering::Acquire)
+        {
+            if let Err(e) = self.shut_down() {
+                tracing::error!(error = %e, "final flush on close failed");
+                self.shared.poison(&e);
+            }
+        }
+    }
+
+    /// Plans `batch` in the current window (or a new one) and proposes its groups; its
+    /// requests are answered once its entries settled (see `pipeline.rs`).
+    fn propose<'a>(
+        &mut self,
+        batch: Vec<Request>,
+        index: &'a Index,
+        window: &mut Option<Window<'a>>,
+        pipeline: &Arc<Pipeline>,
+    ) {
         // A sync has nothing to wait for: an entry is durable before it is applied. It needs
         // no leadership either (a follower's engine closes with one).
         let (syncs, batch): (Vec<_>, Vec<_>) = batch
@@ -40,15 +120,44 @@ impl Writer {
                 Error::Internal("a single node's writer asked to propose".into())
             });
         };
-        proposals.start_batch();
-        if let Err(outcome) = proposals.proposer.prepare() {
-            return self.fail_all(batch, || error_of(&outcome));
+        let proposer = Arc::clone(&proposals.proposer);
+        let term = match proposer.prepare() {
+            Ok(term) => term,
+            Err(outcome) => return self.fail_all(batch, || error_of(&outcome)),
+        };
+        let ends = |w: &Window<'_>| {
+            w.term != term
+                || w.batches >= WINDOW_BATCHES_MAX
+                || w.buf.len() >= WINDOW_BYTES_MAX
+                || pipeline.len() == 0
+                || pipeline.window_failed()
+        };
+        let mut w = match window.take() {
+            Some(w) if !ends(&w) => w,
+            ended => {
+                if let Some(w) = ended {
+                    self.keep_buffer(w.buf);
+                }
+                pipeline.start_window();
+                let buf = self.start_group();
+                if let Sink::Proposals(p) = &mut self.log {
+                    p.start_window();
+                }
+                Window {
+                    txn: Txn::new(index),
+                    buf,
+                    term,
+                    batches: 0,
+                    groups: 0,
+                }
+            }
+        };
+        if let Sink::Proposals(p) = &mut self.log {
+            p.start_batch();
         }
-        let index = self.shared.index.clone();
-        // No cache of decoded streams between batches: the index changes under the writer
-        // (apply runs on openraft's state machine), so the overlay starts from it each time.
-        let mut txn = Txn::new(&index);
-        let mut buf = self.start_group();
+        self.touched.clear();
+        self.effects.clear();
+        self.leased.clear();
         let mut planned: Vec<Planned> = Vec::with_capacity(batch.len());
         for Request { cmd, reply, .. } in batch {
             if matches!(
@@ -60,11 +169,12 @@ impl Writer {
                 )));
                 continue;
             }
-            let groups = self.group_count();
+            let groups = w.groups + self.group_count();
             let (effects, leased) = (self.effects.len(), self.leased.len());
-            let answer = self.plan(cmd, &mut txn, &mut buf);
+            let answer = self.plan(cmd, &mut w.txn, &mut w.buf);
             if self.overlay_broken || matches!(answer, Err(Error::Index(_))) {
-                // The overlay may be half-applied: nothing of the batch is proposed.
+                // The overlay may be half-applied: nothing of the batch is proposed, and the
+                // window ends (the engine is poisoned: nothing is planned on it again).
                 self.overlay_broken = false;
                 self.log.rewind(self.log.next());
                 self.disarm_group_leases();
@@ -77,78 +187,51 @@ impl Writer {
                 for p in planned {
                     p.reply.send(Err(Error::Poisoned));
                 }
+                self.keep_buffer(w.buf);
                 return;
             }
             match answer {
                 Ok(answer) => planned.push(Planned {
                     reply,
                     answer,
-                    groups: groups..self.group_count(),
+                    groups: groups..w.groups + self.group_count(),
                     effects: effects..self.effects.len(),
                     leased: leased..self.leased.len(),
                 }),
                 Err(e) => reply.send(Err(e)),
             }
         }
-        drop(txn);
-        if buf.capacity() <= KEPT_BUFFER_BYTES_MAX {
-            self.buf = buf;
-        }
-        let (entries, proposer) = match &mut self.log {
-            Sink::Proposals(p) => (p.take(), std::sync::Arc::clone(&p.proposer)),
-            Sink::Segments(_) => return,
+        let entries = match &mut self.log {
+            Sink::Proposals(p) => p.take(),
+            Sink::Segments(_) => Vec::new(),
         };
-        let outcomes = if entries.is_empty() {
-            Vec::new()
-        } else {
-            proposer.propose(entries)
-        };
-        self.settle(planned, &outcomes);
+        let groups = w.groups..w.groups + entries.len();
+        w.groups = groups.end;
+        w.batches += 1;
+        // Followers are woken by apply; the effects outside the index wait for the outcome.
+        self.touched.clear();
+        let settle = pipeline.push(Batch {
+            planned,
+            groups,
+            effects: std::mem::take(&mut self.effects),
+            leased: std::mem::take(&mut self.leased),
+            answers: Answers {
+                shared: Arc::clone(&self.shared),
+                acker: self.acker.clone(),
+                in_flight: Arc::clone(&self.acks_in_flight),
+            },
+        });
+        *window = Some(w);
+        proposer.propose(entries, settle);
     }
 
-    /// Answers the planned requests from their entries' outcomes; publishes the effects of
-    /// those that applied and ends the leases of streams whose opening did not.
-    fn settle(&mut self, planned: Vec<Planned>, outcomes: &[Proposed]) {
-        let mut effects = std::mem::take(&mut self.effects)
-            .into_iter()
-            .map(Some)
-            .collect::<Vec<Option<Effect>>>();
-        let leased = std::mem::take(&mut self.leased);
-        let mut acks: Acks = Vec::with_capacity(planned.len());
-        let mut kept = Vec::new();
-        // A request was planned against the state the batch's earlier groups leave (a retry
-        // answered as a duplicate of an append planned just before it has no group of its
-        // own): it stands only if every group up to its own applied, not just its own.
-        let first_failed = (0..outcomes.len().max(self_groups(&planned)))
-            .map(|g| (g, outcomes.get(g).cloned().unwrap_or(MISSING)))
-            .find(|(_, o)| !matches!(o, Proposed::Applied));
-        for p in planned {
-            let failed = first_failed
-                .as_ref()
-                .filter(|(g, _)| *g < p.groups.end)
-                .map(|(_, o)| o.clone());
-            match failed {
-                None => {
-                    kept.extend(effects[p.effects].iter_mut().filter_map(Option::take));
-                    acks.push((p.reply, p.answer));
-                }
-                Some(outcome) => {
-                    for stream in &leased[p.leased] {
-                        self.shared.leases.remove(*stream);
-                    }
-                    p.reply.send(Err(error_of(&outcome)));
-                }
-            }
+    /// Keeps an ended window's group buffer (emptied) for the next one, unless it grew
+    /// large.
+    fn keep_buffer(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() <= KEPT_BUFFER_BYTES_MAX {
+            buf.clear();
+            self.buf = buf;
         }
-        self.effects = kept;
-        // Followers were woken by apply; the effects outside the index are the leader's.
-        self.touched.clear();
-        self.after_commit();
-        self.shared
-            .counters
-            .commit_batches
-            .fetch_add(1, Ordering::Relaxed);
-        self.acknowledge(acks);
     }
 
     /// The groups planned so far in this batch.
@@ -157,28 +240,5 @@ impl Writer {
             Sink::Proposals(p) => p.len(),
             Sink::Segments(_) => 0,
         }
-    }
-}
-
-/// How many groups the planned requests hold in all.
-fn self_groups(planned: &[Planned]) -> usize {
-    planned.iter().map(|p| p.groups.end).max().unwrap_or(0)
-}
-
-/// The outcome of an entry the proposer did not report (a bug guard: it reports one each).
-const MISSING: Proposed = Proposed::Unknown(String::new());
-
-/// The caller's error for an entry that did not apply.
-fn error_of(outcome: &Proposed) -> Error {
-    match outcome {
-        Proposed::Applied => Error::Internal("an applied entry reported as failed".into()),
-        Proposed::Refused(why) => Error::NotConfirmed(format!("the entry was refused: {why}")),
-        Proposed::NotLeader { leader } => Error::NotLeader {
-            leader: leader.clone(),
-        },
-        Proposed::Unknown(why) if why.is_empty() => {
-            Error::NotConfirmed("the cluster did not report the entry's outcome".into())
-        }
-        Proposed::Unknown(why) => Error::NotConfirmed(why.clone()),
     }
 }

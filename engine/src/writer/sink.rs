@@ -4,8 +4,9 @@
 //! The planner (`plan.rs`) is the same for both: it asks the sink for the LSN its next
 //! record gets (a stream id is the LSN of its `StreamOpened`) and where a frame will lie. A
 //! proposing sink *predicts* LSNs: the log's next LSN when the batch starts, plus the
-//! records planned since. The apply rules check the prediction on every replica
-//! (`StreamIdNotLsn`), so a wrong one refuses the entry, never corrupts state.
+//! records planned since (in this batch and in the batches still in flight before it: see
+//! `pipeline.rs`). The apply rules check the prediction on every replica (`StreamIdNotLsn`),
+//! so a wrong one refuses the entry, never corrupts state.
 
 use std::sync::Arc;
 
@@ -15,10 +16,14 @@ use crate::log::{LogPoint, LogWriter, WriteError};
 use crate::propose::Proposer;
 use crate::record::FrameStamp;
 
+use super::pipeline::Pipeline;
+
 /// A leader's batch of planned groups, not yet proposed.
 #[derive(Debug)]
 pub(crate) struct Proposals {
     pub(crate) proposer: Arc<dyn Proposer>,
+    /// The batches proposed and not settled yet.
+    pub(super) pipeline: Arc<Pipeline>,
     log: EntryLog,
     /// The LSN the next planned record is predicted to get.
     next_lsn: u64,
@@ -31,18 +36,26 @@ impl Proposals {
         let next_lsn = log.next_lsn();
         Self {
             proposer,
+            pipeline: Arc::default(),
             log,
             next_lsn,
             groups: Vec::new(),
         }
     }
 
-    /// Starts a batch: everything proposed before is settled, so the log's next LSN is
-    /// where this batch's first record lands (unless an entry of openraft's own, a blank or
-    /// a membership change, slips in first: then the apply rules refuse what depended on it).
-    pub(crate) fn start_batch(&mut self) {
+    /// Starts a window of pipelined batches: everything proposed before is settled, so the
+    /// log's next LSN is where its first record lands (unless an entry of openraft's own, a
+    /// blank or a membership change, slips in first: then the apply rules refuse what
+    /// depended on it).
+    pub(crate) fn start_window(&mut self) {
         self.groups.clear();
         self.next_lsn = self.log.next_lsn();
+    }
+
+    /// Starts a batch in the current window: its records are predicted to follow those of
+    /// the window's batches before it.
+    pub(crate) fn start_batch(&mut self) {
+        self.groups.clear();
     }
 
     /// The groups planned so far in this batch, taken.
