@@ -39,7 +39,7 @@ mod snapshot;
 use cut::Purged;
 
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
-pub use snapshot::{LogSnapshot, SnapshotManifest, SnapshotStaging};
+pub use snapshot::{LogSnapshot, SnapshotFile, SnapshotManifest, SnapshotStaging, StagedFile};
 
 use crate::format::VOTE_FILE;
 /// The committed index's file.

@@ -77,7 +77,7 @@ pub use entry_log::{
     EntryId, EntryLog, EntryLogConfig, EntryLogState, EntryPayload, LogEntry, Proposal,
     ProposalError, ProposedRecord,
 };
-pub use entry_log::{LogSnapshot, SnapshotManifest, SnapshotStaging};
+pub use entry_log::{LogSnapshot, SnapshotFile, SnapshotManifest, SnapshotStaging, StagedFile};
 pub use error::LiveLimit;
 pub use error::{CorruptionKind, Error, IndexError, Result};
 pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};

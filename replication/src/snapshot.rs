@@ -15,10 +15,10 @@
 //! The sender reads the files through descriptors opened when the snapshot was taken
 //! (never more than one transport chunk in memory); the receiver ([`SnapshotSpool`]) writes
 //! the stream to an unlinked spool file, and the state machine's install copies it, file by
-//! file in bounded buffers, into the data directory's staging area before the engine makes
-//! it the log. The spool costs a second write of the snapshot's bytes (a first version:
-//! demultiplexing straight into the staging area needs the receiver to know the node's
-//! directory).
+//! file in bounded buffers, beside the log as staged files (`*.seg.staged`) before the
+//! engine makes them the log. The spool costs a second write of the snapshot's bytes (a
+//! first version: demultiplexing straight into staged files needs the receiver to know the
+//! node's directory).
 //!
 //! Bytes sent and received are counted ([`bytes_sent`], [`bytes_received`]) for the
 //! `cursorlog_raft_snapshot_*_bytes_total` metrics.
@@ -57,14 +57,22 @@ pub fn bytes_received() -> u64 {
 
 /// openraft's snapshot data: a snapshot taken here (its files, to be sent), or one received
 /// (its spool file, to be installed). Reads as the stream described in the module docs.
-#[derive(Debug)]
 pub struct SegmentSnapshot {
     head: Vec<u8>,
     head_at: usize,
-    /// Files still to read, with the bytes left of each.
-    files: VecDeque<(std::fs::File, u64)>,
+    /// Files still to read, with the bytes left of each (`u64::MAX`: to its end).
+    files: VecDeque<(Box<dyn Read + Send>, u64)>,
     /// Counted as sent when read (a snapshot taken here).
     counts_sent: bool,
+}
+
+impl std::fmt::Debug for SegmentSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentSnapshot")
+            .field("files_left", &self.files.len())
+            .field("taken_here", &self.counts_sent)
+            .finish()
+    }
 }
 
 impl SegmentSnapshot {
@@ -82,6 +90,7 @@ impl SegmentSnapshot {
             .files
             .into_iter()
             .zip(snapshot.manifest.files.iter().map(|(_, len)| *len))
+            .map(|(file, len)| (Box::new(file) as Box<dyn Read + Send>, len))
             .collect();
         Self {
             head,
@@ -96,7 +105,7 @@ impl SegmentSnapshot {
         Self {
             head: Vec::new(),
             head_at: 0,
-            files: VecDeque::from([(file, u64::MAX)]),
+            files: VecDeque::from([(Box::new(file) as Box<dyn Read + Send>, u64::MAX)]),
             counts_sent: false,
         }
     }

@@ -6,16 +6,18 @@
 //!   opens a read-only descriptor on each, so the files stay readable while they are sent
 //!   even if the log later drops them. Nothing is read or copied here.
 //! - **Installing one** on a member that lacks the entries: the receiver writes the files
-//!   into a staging directory ([`SnapshotStaging`], fsynced file by file, then the
-//!   directory, with the manifest last), and [`EntryLog::install_snapshot`] makes them the
-//!   log atomically: renaming `snapshot.staging` to `snapshot.install` is the commit point;
-//!   after it the old segments are unlinked, the new ones renamed in, `PURGED` and
-//!   `COMMITTED` written, and the log goes on after the snapshot's last entry **at the LSN
-//!   the snapshot carries**, so every replica gives every record the same LSN. An open
-//!   that finds `snapshot.install` finishes the install; one that finds `snapshot.staging`
-//!   drops it (the old log stands). FORMAT.md, "Snapshots".
+//!   beside the log as `<segment name>.staged` ([`SnapshotStaging`], each fsynced, then the
+//!   directory), and [`EntryLog::install_snapshot`] makes them the log atomically: writing
+//!   the `SNAPSHOT` file (the manifest; temp file, fsync, rename, directory fsync) is the
+//!   commit point; after it the old segments are unlinked, the staged ones renamed in,
+//!   `PURGED` and `COMMITTED` written, `SNAPSHOT` removed, and the log goes on after the
+//!   snapshot's last entry **at the LSN the snapshot carries**, so every replica gives every
+//!   record the same LSN. An open that finds `SNAPSHOT` finishes the install; one that finds
+//!   staged files without it drops them (the old log stands). FORMAT.md, "Snapshots".
+//!
+//! Every file operation goes through the log's [`FileSystem`], so the fault-injecting one
+//! can cut the power at each step (`tests/snapshots.rs`).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -26,17 +28,15 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::format::{parse_segment_name, segment_name, SEGMENT_HEADER_BYTES};
-use crate::fs::FileSystem;
-use crate::log::durable_file;
+use crate::fs::{FileSystem, SegmentFile};
+use crate::log::durable_file::{self, Read};
 use crate::log::frames::ReadAhead;
 use crate::log::{list_segments, sync_dir, LogPoint, Segment};
 
-/// Where a snapshot being received is written.
-pub const STAGING_DIR: &str = "snapshot.staging";
-/// A received snapshot whose install was decided (the commit point is the rename to it).
-pub const INSTALL_DIR: &str = "snapshot.install";
-/// The manifest file inside either directory.
-const MANIFEST_FILE: &str = "MANIFEST";
+/// The install's manifest: its presence is the commit point.
+pub(crate) const INSTALL_FILE: &str = "SNAPSHOT";
+/// A received file's suffix until the install renames it.
+pub(crate) const STAGED_SUFFIX: &str = ".staged";
 /// The manifest's first bytes.
 const MANIFEST_MAGIC: &[u8; 8] = b"CLSNAPM1";
 
@@ -115,29 +115,70 @@ impl<'a> Reader<'a> {
 }
 
 /// A snapshot taken: its manifest and a read-only descriptor on each of its files, in the
-/// manifest's order (read the first `len` bytes of each).
+/// manifest's order.
 #[derive(Debug)]
 pub struct LogSnapshot {
     /// What it holds.
     pub manifest: SnapshotManifest,
-    /// The files, open.
-    pub files: Vec<std::fs::File>,
+    /// The files, open, each reading its first `len` bytes.
+    pub files: Vec<SnapshotFile>,
 }
 
-/// A snapshot being received: files are created in `snapshot.staging` under the data
-/// directory, then [`SnapshotStaging::finish`] syncs them and writes the manifest.
+/// One file of a snapshot taken: reads the file's first `len` bytes (blocking positional
+/// reads through a descriptor opened when the snapshot was taken).
+#[derive(Debug)]
+pub struct SnapshotFile {
+    file: Arc<dyn SegmentFile>,
+    at: u64,
+    len: u64,
+}
+
+impl std::io::Read for SnapshotFile {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.len - self.at;
+        let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        self.file.read_exact_at(&mut buf[..n], self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+/// A snapshot being received: each file is created beside the log as
+/// `<name>.staged`, then [`SnapshotStaging::finish`] syncs them.
 #[derive(Debug)]
 pub struct SnapshotStaging {
     dir: PathBuf,
+    fs: Arc<dyn FileSystem>,
     manifest: SnapshotManifest,
 }
 
-impl SnapshotStaging {
-    /// The staging directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+/// A staged file being written (sequentially, from its start).
+#[derive(Debug)]
+pub struct StagedFile {
+    file: Arc<dyn SegmentFile>,
+    at: u64,
+}
+
+impl std::io::Write for StagedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.write_all_at(buf, self.at)?;
+        self.at += buf.len() as u64;
+        Ok(buf.len())
     }
 
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn staged_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}{STAGED_SUFFIX}"))
+}
+
+impl SnapshotStaging {
     /// What is being received.
     pub fn manifest(&self) -> &SnapshotManifest {
         &self.manifest
@@ -147,58 +188,60 @@ impl SnapshotStaging {
     ///
     /// # Errors
     /// `i` is not a file of the manifest; I/O failures.
-    pub fn create(&self, i: usize) -> Result<std::fs::File> {
+    pub fn create(&self, i: usize) -> Result<StagedFile> {
         let (name, _) =
             self.manifest.files.get(i).ok_or_else(|| {
                 Error::invalid("snapshot", format!("no file {i} in the manifest"))
             })?;
-        let path = self.dir.join(name);
-        std::fs::File::create(&path).map_err(Error::io(format!("creating {}", path.display())))
+        let path = staged_path(&self.dir, name);
+        let file = self
+            .fs
+            .create_new(&path)
+            .map_err(Error::io(format!("creating {}", path.display())))?;
+        Ok(StagedFile { file, at: 0 })
     }
 
-    /// Checks every file has its manifest length, fsyncs each, writes the manifest
-    /// (fsynced) and fsyncs the directory: the staged snapshot is complete on disk.
+    /// Checks every file has its manifest length, fsyncs each, then the directory: the
+    /// staged files are complete on disk.
     ///
     /// # Errors
-    /// A file of another length than the manifest says; I/O failures.
+    /// A missing file, or one of another length than the manifest says; I/O failures.
     pub fn finish(&self) -> Result<()> {
-        for (name, len) in &self.manifest.files {
-            let path = self.dir.join(name);
-            let f = std::fs::File::open(&path)
-                .map_err(Error::io(format!("opening {}", path.display())))?;
-            let got = f
-                .metadata()
-                .map_err(Error::io(format!("reading {}", path.display())))?
-                .len();
-            if got != *len {
-                return Err(Error::invalid(
-                    "snapshot",
-                    format!("{name} holds {got} bytes, the manifest says {len}"),
-                ));
-            }
-            f.sync_all()
+        check_staged(self.fs.as_ref(), &self.dir, &self.manifest)?;
+        for (name, _) in &self.manifest.files {
+            let path = staged_path(&self.dir, name);
+            self.fs
+                .open(&path)
+                .and_then(|f| f.sync_data())
                 .map_err(Error::io(format!("syncing {}", path.display())))?;
         }
-        let path = self.dir.join(MANIFEST_FILE);
-        let mut f = std::fs::File::create(&path)
-            .map_err(Error::io(format!("creating {}", path.display())))?;
-        f.write_all(&self.manifest.encode())
-            .and_then(|()| f.sync_all())
-            .map_err(Error::io(format!("writing {}", path.display())))?;
-        sync_std_dir(&self.dir)
+        sync_dir(self.fs.as_ref(), &self.dir)
     }
 }
 
-fn sync_std_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Error::io(format!("syncing directory {}", dir.display())))
+/// Removes staged files (a transfer that did not finish, or one superseded).
+fn remove_staged(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
+    let mut removed = false;
+    for (name, path) in fs
+        .list(dir)
+        .map_err(Error::io(format!("listing {}", dir.display())))?
+    {
+        if name.ends_with(STAGED_SUFFIX) {
+            fs.remove(&path)
+                .map_err(Error::io(format!("removing {}", path.display())))?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(fs, dir)?;
+    }
+    Ok(())
 }
 
 /// The step an install stops after (tests: a crash between steps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum InstallStep {
-    /// `snapshot.staging` renamed to `snapshot.install` (the commit point).
+    /// `SNAPSHOT` written (the commit point).
     Committed,
     /// The old segments unlinked.
     OldRemoved,
@@ -237,19 +280,19 @@ impl EntryLog {
         self.lock().snapshot(through)
     }
 
-    /// Starts receiving `manifest`: a fresh `snapshot.staging` directory (an earlier,
-    /// unfinished one is removed).
+    /// Starts receiving `manifest` (staged files of an earlier, unfinished transfer are
+    /// removed).
     ///
     /// # Errors
     /// I/O failures.
     pub fn begin_install(&self, manifest: SnapshotManifest) -> Result<SnapshotStaging> {
-        let dir = self.lock().dir.join(STAGING_DIR);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)
-                .map_err(Error::io(format!("removing {}", dir.display())))?;
-        }
-        std::fs::create_dir(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-        Ok(SnapshotStaging { dir, manifest })
+        let inner = self.lock();
+        remove_staged(inner.fs.as_ref(), &inner.dir)?;
+        Ok(SnapshotStaging {
+            dir: inner.dir.clone(),
+            fs: Arc::clone(&inner.fs),
+            manifest,
+        })
     }
 
     /// Makes a finished staged snapshot the log: from here on the log holds exactly the
@@ -311,24 +354,25 @@ impl Inner {
             if len <= SEGMENT_HEADER_BYTES as u64 {
                 continue;
             }
-            let file = std::fs::File::open(seg.path())
+            let file = self
+                .fs
+                .open_read_only(seg.path())
                 .map_err(Error::io(format!("opening {}", seg.path().display())))?;
             manifest.files.push((segment_name(seg.base_lsn()), len));
-            files.push(file);
+            files.push(SnapshotFile { file, at: 0, len });
         }
         Ok(LogSnapshot { manifest, files })
     }
 
     fn install(&mut self, staging: &SnapshotStaging, stop: InstallStep) -> Result<()> {
         let manifest = &staging.manifest;
-        check_staged(self.fs.as_ref(), staging)?;
-        let install = self.dir.join(INSTALL_DIR);
-        std::fs::rename(&staging.dir, &install).map_err(Error::io(format!(
-            "renaming {} to {}",
-            staging.dir.display(),
-            install.display()
-        )))?;
-        sync_std_dir(&self.dir)?;
+        check_staged(self.fs.as_ref(), &self.dir, manifest)?;
+        durable_file::write(
+            self.fs.as_ref(),
+            &self.dir,
+            INSTALL_FILE,
+            &manifest.encode(),
+        )?;
         if stop == InstallStep::Committed {
             return Ok(());
         }
@@ -378,20 +422,17 @@ impl Inner {
     }
 }
 
-/// Checks a staged snapshot before it is committed: every file present with its length,
-/// the first frame-free check of each header (its base LSN is its name's), and the files
-/// continuing one another. Frames are checked when the engine replays them.
-fn check_staged(fs: &dyn FileSystem, staging: &SnapshotStaging) -> Result<()> {
-    let _ = fs;
-    let m = &staging.manifest;
+/// Checks a staged snapshot before it is committed: at least one file, every file present
+/// with its manifest length. Frames are checked when the engine replays them.
+fn check_staged(fs: &dyn FileSystem, dir: &Path, m: &SnapshotManifest) -> Result<()> {
     if m.files.is_empty() {
         return Err(Error::invalid("snapshot", "the snapshot holds no segment"));
     }
     for (name, len) in &m.files {
-        let path = staging.dir.join(name);
-        let got = std::fs::metadata(&path)
-            .map_err(Error::io(format!("reading {}", path.display())))?
-            .len();
+        let path = staged_path(dir, name);
+        let got = fs
+            .len(&path)
+            .map_err(Error::io(format!("reading {}", path.display())))?;
         if got != *len {
             return Err(Error::invalid(
                 "snapshot",
@@ -402,22 +443,26 @@ fn check_staged(fs: &dyn FileSystem, staging: &SnapshotStaging) -> Result<()> {
     Ok(())
 }
 
-/// Finishes an install whose commit point passed (`snapshot.install` exists): unlinks every
-/// old segment, renames the new ones in, writes `PURGED` (the snapshot's last entry and
-/// next LSN) and `COMMITTED`, and removes `snapshot.install`. Idempotent: an open after a
-/// crash anywhere in it calls it again. A segment file in the data directory is new exactly
-/// when the manifest names it and `snapshot.install` no longer holds it.
+/// Finishes an install whose commit point passed (`SNAPSHOT` exists): unlinks every old
+/// segment, renames the staged ones in, writes `PURGED` (the snapshot's last entry and next
+/// LSN) and `COMMITTED`, and removes `SNAPSHOT`. Idempotent: an open after a crash anywhere
+/// in it calls it again. A segment file is new exactly when the manifest names it and its
+/// staged file is gone (renamed in).
 pub(crate) fn finish_install(fs: &dyn FileSystem, dir: &Path, stop: InstallStep) -> Result<()> {
-    let install = dir.join(INSTALL_DIR);
-    let bytes = std::fs::read(install.join(MANIFEST_FILE))
-        .map_err(Error::io(format!("reading {}", install.display())))?;
-    let manifest = SnapshotManifest::decode(&bytes).ok_or_else(|| Error::Corruption {
-        segment: install.join(MANIFEST_FILE),
+    let manifest = match durable_file::read(fs, dir, INSTALL_FILE)? {
+        Read::Body(b) => SnapshotManifest::decode(&b),
+        Read::Missing | Read::Damaged => None,
+    }
+    .ok_or_else(|| Error::Corruption {
+        segment: dir.join(INSTALL_FILE),
         offset: 0,
-        kind: crate::error::CorruptionKind::BadBody("the snapshot manifest does not decode".into()),
+        kind: crate::error::CorruptionKind::BadBody(
+            "the snapshot install's manifest does not decode".into(),
+        ),
     })?;
-    let staged = |name: &str| install.join(name).exists();
+    let staged = |name: &str| fs.len(&staged_path(dir, name)).is_ok();
     let new = |name: &str| manifest.files.iter().any(|(n, _)| n == name) && !staged(name);
+    let mut removed = false;
     for (_, path) in list_segments(fs, dir)? {
         let name = path
             .file_name()
@@ -426,15 +471,18 @@ pub(crate) fn finish_install(fs: &dyn FileSystem, dir: &Path, stop: InstallStep)
         if !new(&name) {
             fs.remove(&path)
                 .map_err(Error::io(format!("deleting {}", path.display())))?;
+            removed = true;
         }
     }
-    sync_dir(fs, dir)?;
+    if removed {
+        sync_dir(fs, dir)?;
+    }
     if stop == InstallStep::OldRemoved {
         return Ok(());
     }
     for (name, _) in &manifest.files {
         if staged(name) {
-            std::fs::rename(install.join(name), dir.join(name))
+            fs.rename(&staged_path(dir, name), &dir.join(name))
                 .map_err(Error::io(format!("moving {name} into the log")))?;
             sync_dir(fs, dir)?;
             if stop == InstallStep::OneMoved {
@@ -451,8 +499,8 @@ pub(crate) fn finish_install(fs: &dyn FileSystem, dir: &Path, stop: InstallStep)
     if stop == InstallStep::Moved {
         return Ok(());
     }
-    std::fs::remove_dir_all(&install)
-        .map_err(Error::io(format!("removing {}", install.display())))?;
+    fs.remove(&dir.join(INSTALL_FILE))
+        .map_err(Error::io("removing the SNAPSHOT file"))?;
     sync_dir(fs, dir)?;
     tracing::info!(
         last = manifest.last.index,
@@ -465,19 +513,12 @@ pub(crate) fn finish_install(fs: &dyn FileSystem, dir: &Path, stop: InstallStep)
     Ok(())
 }
 
-/// At open, before the log is read: finishes a committed install, drops an unfinished
-/// receive.
+/// At open, before the log is read: finishes a committed install, drops the files of an
+/// unfinished transfer.
 pub(super) fn recover(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
-    if dir.join(INSTALL_DIR).exists() {
+    if fs.len(&dir.join(INSTALL_FILE)).is_ok() {
         tracing::warn!(dir = %dir.display(), "finishing a snapshot install a crash interrupted");
         finish_install(fs, dir, InstallStep::Done)?;
     }
-    let staging = dir.join(STAGING_DIR);
-    if staging.exists() {
-        tracing::warn!(dir = %dir.display(), "dropping a snapshot whose transfer did not finish");
-        std::fs::remove_dir_all(&staging)
-            .map_err(Error::io(format!("removing {}", staging.display())))?;
-        sync_dir(fs, dir)?;
-    }
-    Ok(())
+    remove_staged(fs, dir)
 }
