@@ -312,6 +312,12 @@ impl Index {
 
     /// Drops everything (before a rebuild from the log).
     pub(crate) fn clear(&self) -> Result<()> {
+        // Not between a flush's freeze and its batch (a replica's snapshot install clears
+        // the index while the flusher runs): the batch would land after the clear.
+        let _one = self
+            .flushing_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         *self.mem_mut() = Memtable::default();
         *self
             .stored_counts
