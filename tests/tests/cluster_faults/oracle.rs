@@ -219,17 +219,32 @@ impl Oracle {
     /// Complete at its seq. Returns what it served, to compare members; `None` when another
     /// member took the lead during the check (force `t` again and repeat).
     pub async fn check_served(&self, cluster: &Cluster, t: usize) -> Option<Served> {
+        let mut served = Served::new();
+        self.check_served_into(cluster, t, &mut served)
+            .await
+            .then_some(served)
+    }
+
+    /// [`Oracle::check_served`], resumable: checks the streams not yet in `served` and adds
+    /// them; `false` when another member took the lead part way (force `t` again and call
+    /// again: a long history is then not read again from the start).
+    pub async fn check_served_into(
+        &self,
+        cluster: &Cluster,
+        t: usize,
+        served: &mut Served,
+    ) -> bool {
         let streams: Vec<(u64, String, u64)> = self
             .lock()
             .streams
             .iter()
+            .filter(|(id, _)| !served.contains_key(id))
             .map(|(id, r)| (*id, r.session.clone(), r.epoch))
             .collect();
-        let mut served = Served::new();
         for (stream, session, epoch) in streams {
             let (all, by) = read_stream_by(cluster, &session, epoch, stream).await;
             if by != t {
-                return None;
+                return false;
             }
             let s = self.lock();
             let rec = &s.streams[&stream];
@@ -261,7 +276,7 @@ impl Oracle {
             let events = all.events.into_iter().map(|e| (e.seq, e.payload.to_vec()));
             served.insert(stream, (events.collect(), all.end.map(|e| e.terminal_seq)));
         }
-        Some(served)
+        true
     }
 
     /// Resolves acknowledged cursors on the leader: each must be RESUMABLE or
