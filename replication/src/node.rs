@@ -138,7 +138,7 @@ impl ReplicatedNode {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))??
         };
-        let config = options.timing.config("cursorlog")?;
+        let config = crate::snapshot::with_policy(options.timing.config("cursorlog")?)?;
         let raft = Raft::new(
             options.id,
             Arc::new(config),

@@ -42,6 +42,33 @@ const MAGIC: &[u8; 8] = b"CLSNAPS1";
 /// The copy buffer of an install (bounded memory per snapshot).
 const COPY_BYTES: usize = 1 << 20;
 
+/// A member builds a snapshot every this many entries: taking one opens the segment files,
+/// nothing is copied or written.
+pub const SNAPSHOT_EVERY_ENTRIES: u64 = 10_000;
+
+/// Entries openraft keeps below the last snapshot when it purges: a member less far behind
+/// is sent entries (AppendEntries); one further behind (wiped, or down for long) is sent the
+/// segment files, about twice as fast per GiB (benches/README.md, "Catch-up of a wiped
+/// member"). A purge deletes no segment (`EntryLog::purge_through`), so a larger value
+/// costs no disk, only a slower catch-up of the members between the two.
+pub const KEEP_BELOW_SNAPSHOT_ENTRIES: u64 = 10_000;
+
+/// `config` with cursorlog's snapshot policy (a snapshot every [`SNAPSHOT_EVERY_ENTRIES`],
+/// [`KEEP_BELOW_SNAPSHOT_ENTRIES`] kept below it), validated. [`crate::ClusterTiming`]'s
+/// config asks for no snapshot (`SnapshotPolicy::Never`, for stores without this module's
+/// snapshots); a member started by [`crate::ReplicatedNode`] uses this one.
+///
+/// # Errors
+/// openraft refuses the result.
+pub fn with_policy(config: openraft::Config) -> Result<openraft::Config, openraft::ConfigError> {
+    openraft::Config {
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
+        max_in_snapshot_log_to_keep: KEEP_BELOW_SNAPSHOT_ENTRIES,
+        ..config
+    }
+    .validate()
+}
+
 static SENT: AtomicU64 = AtomicU64::new(0);
 static RECEIVED: AtomicU64 = AtomicU64::new(0);
 
@@ -308,5 +335,24 @@ impl SnapshotSink<SegmentSnapshot> for SnapshotSpool {
         file.flush()?;
         file.rewind()?;
         Ok(SegmentSnapshot::spooled(file))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_snapshots_every_n_entries_and_keeps_n_below_the_snapshot() {
+        let config = with_policy(crate::ClusterTiming::default().config("t").unwrap()).unwrap();
+        assert!(matches!(
+            config.snapshot_policy,
+            openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES)
+        ));
+        assert_eq!(
+            config.max_in_snapshot_log_to_keep,
+            KEEP_BELOW_SNAPSHOT_ENTRIES
+        );
+        assert_eq!(config.enable_pre_vote, Some(true), "the rest is kept");
     }
 }
