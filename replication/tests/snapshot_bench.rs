@@ -10,126 +10,17 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::path::Path;
+#[allow(dead_code)]
+mod common;
+
 use std::time::{Duration, Instant};
 
-use cursorlog_engine::{Append, Config, Engine, NewEvent, OpenStream, SyncPolicy};
-use cursorlog_replication::{
-    snapshot, ClientOptions, ClusterTiming, NodeId, NodeOptions, RaftNode, RaftService,
-    ReplicatedNode, SnapshotSpool,
-};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
+use common::{batch, blocking, Cluster};
+use cursorlog_engine::OpenStream;
+use cursorlog_replication::{snapshot, ReplicatedNode};
 
 /// 8 MiB segments (the default 64 MiB would make a small run one segment).
-fn segment_bytes() -> u64 {
-    8 * 1024 * 1024
-}
-
-/// The bound of any one wait on a loaded 2-core machine.
-const WAIT: Duration = Duration::from_secs(60);
-
-struct Running {
-    node: ReplicatedNode,
-    stop_server: oneshot::Sender<()>,
-    server: JoinHandle<Result<(), tonic::transport::Error>>,
-}
-
-impl Running {
-    async fn stop(self) {
-        let _ = self.stop_server.send(());
-        let _ = tokio::time::timeout(WAIT, self.server).await;
-        self.node.shutdown().await.expect("the engine closes");
-    }
-}
-
-fn timing() -> ClusterTiming {
-    // Short timeouts keep the test fast; still well above a loaded machine's hiccups.
-    ClusterTiming {
-        heartbeat: Duration::from_millis(100),
-        election_min: Duration::from_millis(600),
-        election_max: Duration::from_millis(1200),
-        ..ClusterTiming::default()
-    }
-}
-
-fn engine_config(dir: &Path) -> Config {
-    let mut c = Config::new(dir);
-    c.sync = SyncPolicy::Always;
-    c.segment_bytes_max = segment_bytes();
-    c.retention.check_interval = Duration::from_secs(24 * 3600);
-    c
-}
-
-async fn start(
-    id: NodeId,
-    dir: &Path,
-    listener: TcpListener,
-    members: &BTreeMap<NodeId, RaftNode>,
-) -> Running {
-    let node = ReplicatedNode::start(NodeOptions {
-        id,
-        engine: engine_config(dir),
-        members: members.clone(),
-        timing: timing(),
-        client: ClientOptions::new(),
-        request_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("the node starts");
-    let service = RaftService::new(node.raft().clone(), SnapshotSpool::default()).into_server();
-    let (stop_server, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            }),
-    );
-    Running {
-        node,
-        stop_server,
-        server,
-    }
-}
-
-/// Waits until `node` knows a leader that a quorum acknowledged, other than `not`.
-async fn leader_of(nodes: &BTreeMap<NodeId, Running>, not: Option<NodeId>) -> NodeId {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        for (id, r) in nodes {
-            let s = r.node.status();
-            if s.role == "leader" && Some(*id) != not && r.node.linearizable().await.is_ok() {
-                return *id;
-            }
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no leader elected");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Runs a blocking engine call off the runtime's workers.
-async fn blocking<T: Send + 'static>(
-    engine: &Engine,
-    f: impl FnOnce(&Engine) -> T + Send + 'static,
-) -> T {
-    let e = engine.clone();
-    tokio::task::spawn_blocking(move || f(&e)).await.unwrap()
-}
-
-fn batch(stream: u64, first: u64, n: u64) -> Append {
-    Append {
-        session: "s".into(),
-        stream,
-        expected_next_seq: Some(first),
-        events: (first..first + n)
-            .map(|i| NewEvent::new("progress", format!("event {i}").into_bytes()))
-            .collect(),
-    }
-}
+const SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Waits until `node` applied what `target` says, returning how long it took.
 async fn caught_up(node: &ReplicatedNode, target: Option<u64>, started: Instant) -> Duration {
@@ -151,22 +42,9 @@ async fn catch_up_of_a_wiped_member_per_gib() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
-    let dirs: BTreeMap<NodeId, tempfile::TempDir> = (1..=3)
-        .map(|id| (id, tempfile::tempdir().unwrap()))
-        .collect();
-    let mut listeners = BTreeMap::new();
-    let mut members = BTreeMap::new();
-    for id in 1..=3 {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        members.insert(id, RaftNode::new(l.local_addr().unwrap().to_string()));
-        listeners.insert(id, l);
-    }
-    let mut nodes = BTreeMap::new();
-    for (id, l) in listeners {
-        nodes.insert(id, start(id, dirs[&id].path(), l, &members).await);
-    }
-    let leader = leader_of(&nodes, None).await;
-    let engine = nodes[&leader].node.engine().clone();
+    let mut cluster = Cluster::start(SEGMENT_BYTES).await;
+    let leader = cluster.leader(None).await;
+    let engine = cluster.nodes[&leader].node.engine().clone();
     // 1 KiB events, 64 per append (64 KiB a request and an entry: openraft's batch of 300
     // entries stays under the transport's 64 MiB message limit; 256 KiB entries exceed it
     // and catch-up by entries stalls, see benches/README.md).
@@ -192,47 +70,29 @@ async fn catch_up_of_a_wiped_member_per_gib() {
     })
     .await;
     let write_time = wrote.elapsed();
-    let target = nodes[&leader].node.status().last_applied;
-    let log_bytes: u64 = std::fs::read_dir(dirs[&leader].path())
+    let target = cluster.nodes[&leader].node.status().last_applied;
+    let log_bytes: u64 = std::fs::read_dir(cluster.dirs[&leader].path())
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
         .map(|e| e.metadata().unwrap().len())
         .sum();
     let gib = log_bytes as f64 / (1u64 << 30) as f64;
-    let wiped = *nodes.keys().rev().find(|id| **id != leader).unwrap();
+    let wiped = cluster.highest_follower(leader);
 
     // 1. By entries: the leader's log is whole.
-    nodes.remove(&wiped).unwrap().stop().await;
-    std::fs::remove_dir_all(dirs[&wiped].path()).unwrap();
-    std::fs::create_dir_all(dirs[&wiped].path()).unwrap();
+    cluster.wipe(wiped).await;
     let started = Instant::now();
-    let l = TcpListener::bind(&members[&wiped].addr).await.unwrap();
-    nodes.insert(wiped, start(wiped, dirs[&wiped].path(), l, &members).await);
-    let by_entries = caught_up(&nodes[&wiped].node, target, started).await;
+    cluster.restart(wiped).await;
+    let by_entries = caught_up(&cluster.nodes[&wiped].node, target, started).await;
 
     // 2. By snapshot: the leader snapshots and purges its log, the member is wiped again.
-    nodes.remove(&wiped).unwrap().stop().await;
-    std::fs::remove_dir_all(dirs[&wiped].path()).unwrap();
-    std::fs::create_dir_all(dirs[&wiped].path()).unwrap();
-    let raft = nodes[&leader].node.raft().clone();
-    raft.trigger().snapshot().await.unwrap();
-    let snap = raft
-        .wait(Some(WAIT))
-        .metrics(|m| m.snapshot.is_some(), "a snapshot")
-        .await
-        .unwrap();
-    let upto = snap.snapshot.unwrap().index();
-    raft.trigger().purge_log(upto).await.unwrap();
-    raft.wait(Some(WAIT))
-        .metrics(|m| m.purged.is_some_and(|p| p.index() >= upto), "purged")
-        .await
-        .unwrap();
+    cluster.wipe(wiped).await;
+    cluster.snapshot_and_purge(leader).await;
     let received = snapshot::bytes_received();
     let started = Instant::now();
-    let l = TcpListener::bind(&members[&wiped].addr).await.unwrap();
-    nodes.insert(wiped, start(wiped, dirs[&wiped].path(), l, &members).await);
-    let by_snapshot = caught_up(&nodes[&wiped].node, target, started).await;
+    cluster.restart(wiped).await;
+    let by_snapshot = caught_up(&cluster.nodes[&wiped].node, target, started).await;
     let sent = snapshot::bytes_received() - received;
     assert!(
         sent >= log_bytes / 2,
@@ -252,7 +112,5 @@ async fn catch_up_of_a_wiped_member_per_gib() {
         per_gib(by_snapshot),
         sent
     );
-    for (_, r) in nodes {
-        r.stop().await;
-    }
+    cluster.stop().await;
 }

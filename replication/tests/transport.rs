@@ -6,6 +6,8 @@
 //!
 //! Every wait is on openraft's metrics (`Raft::wait`), bounded by [`WAIT`]; nothing sleeps.
 
+#[allow(dead_code)]
+mod common;
 mod support;
 
 use std::collections::BTreeMap;
@@ -25,7 +27,6 @@ use support::{MemLog, MemStateMachine};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// The bound of any one wait. Failover alone takes `election_max + rand(min, max)` ≈ 3–4 s;
 /// the rest is room for a loaded 2-core machine.
@@ -96,14 +97,7 @@ async fn start(id: NodeId, token: Option<&str>) -> Node {
         Some(_) => Err(tonic::Status::unauthenticated("bad token")),
     };
     let service = tonic::service::interceptor::InterceptedService::new(service, check);
-    let (stop_server, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            }),
-    );
+    let (stop_server, server) = common::serve(tonic::service::Routes::new(service), listener);
     Node {
         id,
         addr,
