@@ -22,6 +22,7 @@
 
 pub mod admin;
 pub mod amnesia;
+pub mod append_limit;
 pub mod codec;
 pub mod log_store;
 pub mod network;

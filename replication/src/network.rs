@@ -51,6 +51,7 @@ use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
+use crate::append_limit::{answer_for_prefix, prefix_to_send, APPEND_BYTES_MAX};
 use crate::codec::{self, SnapshotHead};
 use crate::types::{NodeId, RaftNode, TypeConfig, Vote};
 
@@ -445,7 +446,15 @@ where
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.unary(Unary::AppendEntries, &rpc, &option).await
+        let limit = APPEND_BYTES_MAX.min(self.max_message_bytes / 2);
+        match prefix_to_send(&rpc, limit) {
+            None => self.unary(Unary::AppendEntries, &rpc, &option).await,
+            Some(prefix) => {
+                let last = prefix.entries.last().map(|e| e.log_id);
+                let response = self.unary(Unary::AppendEntries, &prefix, &option).await?;
+                Ok(answer_for_prefix(response, last))
+            }
+        }
     }
 
     async fn vote(
