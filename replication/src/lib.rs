@@ -30,6 +30,7 @@ pub mod node;
 pub mod service;
 pub mod snapshot;
 pub mod state_machine;
+pub mod transfer;
 pub mod types;
 
 pub use admin::AdminService;

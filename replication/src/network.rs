@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cursorlog_proto::raft_v1::raft_client::RaftClient;
-use cursorlog_proto::raft_v1::{RaftRequest, SnapshotChunk};
+use cursorlog_proto::raft_v1::RaftRequest;
 use openraft::error::{
     NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
 };
@@ -46,18 +46,23 @@ use openraft::raft::{
 };
 use openraft::type_config::alias::SnapshotOf;
 use openraft::{ErrorSubject, ErrorVerb, RPCTypes, StorageError};
-use tokio::io::{AsyncRead, AsyncReadExt as _};
+use tokio::io::AsyncRead;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 use crate::append_limit::{answer_for_prefix, prefix_to_send, APPEND_BYTES_MAX};
 use crate::codec::{self, SnapshotHead};
+use crate::transfer::{snapshot_chunks, unless_stalled, Ended, Progress};
 use crate::types::{NodeId, RaftNode, TypeConfig, Vote};
 
 /// The largest message either side accepts or sends, by default: a full AppendEntries batch
 /// (openraft's `max_payload_entries`, 300 entries) of large groups, or one snapshot chunk.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// The outer cap of one snapshot transfer's gRPC call; the real bound is a stall of
+/// openraft's `install_snapshot_timeout` (`crate::transfer`).
+const TRANSFER_MAX: Duration = Duration::from_secs(6 * 3600);
 
 /// The snapshot chunk size when openraft does not give one.
 pub const DEFAULT_SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
@@ -511,16 +516,27 @@ where
                     .max(1),
             );
         let read_error = Arc::new(Mutex::new(None));
-        let chunks = snapshot_chunks(head, snapshot.snapshot, chunk_bytes, read_error.clone());
+        let progress = Progress::default();
+        let chunks = snapshot_chunks(
+            head,
+            snapshot.snapshot,
+            chunk_bytes,
+            read_error.clone(),
+            progress.clone(),
+        );
 
         let client = self.client.as_mut().map_err(|reason| {
             StreamingError::Unreachable(Unreachable::from_string(reason.as_str()))
         })?;
-        let req = request(chunks, deadline, self.authorization.as_ref());
-        let result = tokio::select! {
-            closed = cancel => return Err(StreamingError::Closed(closed)),
-            result = tokio::time::timeout(deadline, client.install_snapshot(req)) => result,
-        };
+        // openraft's deadline bounds a stall, not the whole transfer (`crate::transfer`); the
+        // call's own gRPC deadline is only an outer cap.
+        let req = request(chunks, TRANSFER_MAX, self.authorization.as_ref());
+        let result =
+            match unless_stalled(client.install_snapshot(req), cancel, &progress, deadline).await {
+                Ended::Cancelled(closed) => return Err(StreamingError::Closed(closed)),
+                Ended::Answered(result) => Ok(result),
+                Ended::Stalled => Err(()),
+            };
         // A local read error ended the stream early (the peer refused the unfinished
         // snapshot): report the cause, not the peer's refusal.
         if let Some(err) = read_error
@@ -531,7 +547,7 @@ where
             return Err(storage_error(err));
         }
         let reply = match result {
-            Err(_elapsed) => {
+            Err(()) => {
                 return Err(StreamingError::Timeout(Timeout {
                     action: RPCTypes::InstallSnapshot,
                     id: self.id,
@@ -558,78 +574,9 @@ where
     }
 }
 
-/// Where the snapshot stream is.
-enum ChunkState<R> {
-    Head(Vec<u8>, R),
-    Body(R),
-    Done,
-}
-
-/// The chunks of one snapshot: `head`, then `reader`'s bytes, the last chunk marked done. A
-/// read error is put in `read_error` and ends the stream without a done chunk, so the peer
-/// installs nothing.
-fn snapshot_chunks<R>(
-    head: Vec<u8>,
-    reader: R,
-    chunk_bytes: usize,
-    read_error: Arc<Mutex<Option<io::Error>>>,
-) -> impl futures_util::Stream<Item = SnapshotChunk> + Send + 'static
-where
-    R: AsyncRead + Unpin + Send + 'static,
-{
-    futures_util::stream::unfold(ChunkState::Head(head, reader), move |state| {
-        let read_error = read_error.clone();
-        async move {
-            match state {
-                ChunkState::Head(head, reader) => Some((
-                    SnapshotChunk {
-                        head: head.into(),
-                        data: Default::default(),
-                        done: false,
-                    },
-                    ChunkState::Body(reader),
-                )),
-                ChunkState::Body(mut reader) => match fill(&mut reader, chunk_bytes).await {
-                    Ok((data, eof)) => Some((
-                        SnapshotChunk {
-                            head: Default::default(),
-                            data: data.into(),
-                            done: eof,
-                        },
-                        if eof {
-                            ChunkState::Done
-                        } else {
-                            ChunkState::Body(reader)
-                        },
-                    )),
-                    Err(err) => {
-                        *read_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(err);
-                        None
-                    }
-                },
-                ChunkState::Done => None,
-            }
-        }
-    })
-}
-
-/// Reads up to `len` bytes; `true` when the reader reached its end.
-async fn fill<R: AsyncRead + Unpin>(reader: &mut R, len: usize) -> io::Result<(Vec<u8>, bool)> {
-    let mut buf = vec![0; len];
-    let mut filled = 0;
-    while filled < len {
-        let n = reader.read(&mut buf[filled..]).await?;
-        if n == 0 {
-            buf.truncate(filled);
-            return Ok((buf, true));
-        }
-        filled += n;
-    }
-    Ok((buf, false))
-}
-
 #[cfg(test)]
 mod tests {
+    use cursorlog_proto::raft_v1::SnapshotChunk;
     use futures_util::StreamExt as _;
 
     use super::*;
@@ -659,10 +606,15 @@ mod tests {
     async fn a_snapshot_streams_as_head_then_chunks_with_the_last_marked_done() {
         let data: Vec<u8> = (0..10u8).collect();
         let err = Arc::new(Mutex::new(None));
-        let chunks: Vec<SnapshotChunk> =
-            snapshot_chunks(vec![7], io::Cursor::new(data), 4, err.clone())
-                .collect()
-                .await;
+        let chunks: Vec<SnapshotChunk> = snapshot_chunks(
+            vec![7],
+            io::Cursor::new(data),
+            4,
+            err.clone(),
+            Progress::default(),
+        )
+        .collect()
+        .await;
         let shape: Vec<(usize, usize, bool)> = chunks
             .iter()
             .map(|c| (c.head.len(), c.data.len(), c.done))
@@ -695,9 +647,10 @@ mod tests {
     #[tokio::test]
     async fn a_read_error_ends_the_stream_without_a_done_chunk() {
         let err = Arc::new(Mutex::new(None));
-        let chunks: Vec<SnapshotChunk> = snapshot_chunks(vec![7], Failing(false), 4, err.clone())
-            .collect()
-            .await;
+        let chunks: Vec<SnapshotChunk> =
+            snapshot_chunks(vec![7], Failing(false), 4, err.clone(), Progress::default())
+                .collect()
+                .await;
         assert!(chunks.iter().all(|c| !c.done));
         assert!(err.lock().unwrap_or_else(PoisonError::into_inner).is_some());
     }
