@@ -42,7 +42,8 @@ use openraft::error::{
 };
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::type_config::alias::SnapshotOf;
 use openraft::{ErrorSubject, ErrorVerb, RPCTypes, StorageError};
@@ -288,6 +289,7 @@ enum Unary {
     AppendEntries,
     Vote,
     PreVote,
+    TransferLeader,
 }
 
 impl Unary {
@@ -295,6 +297,7 @@ impl Unary {
         match self {
             Self::AppendEntries => RPCTypes::AppendEntries,
             Self::Vote | Self::PreVote => RPCTypes::Vote,
+            Self::TransferLeader => RPCTypes::TransferLeader,
         }
     }
 
@@ -303,6 +306,7 @@ impl Unary {
             Self::AppendEntries => "AppendEntries",
             Self::Vote => "Vote",
             Self::PreVote => "PreVote",
+            Self::TransferLeader => "TransferLeader",
         }
     }
 }
@@ -341,7 +345,7 @@ impl<SD> NetworkClient<SD> {
             // 50–100 ms heartbeat: every append then timed out and the leader could not
             // commit (the fault harness saw clusters without progress for 90 s).
             Unary::AppendEntries => option.soft_ttl().max(APPEND_DEADLINE_MIN),
-            Unary::Vote | Unary::PreVote => option.soft_ttl(),
+            Unary::Vote | Unary::PreVote | Unary::TransferLeader => option.soft_ttl(),
         };
         let client = self
             .client
@@ -359,6 +363,7 @@ impl<SD> NetworkClient<SD> {
                 Unary::AppendEntries => client.append_entries(req).await,
                 Unary::Vote => client.vote(req).await,
                 Unary::PreVote => client.pre_vote(req).await,
+                Unary::TransferLeader => client.transfer_leader(req).await,
             }
         };
         let reply = match tokio::time::timeout(deadline, call).await {
@@ -468,6 +473,17 @@ where
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.unary(Unary::Vote, &rpc, &option).await
+    }
+
+    /// Forwarded to the peer: the trait's default answers `Unreachable`, and the cluster
+    /// then waits out the old leader's lease and elects whoever campaigns first (a test
+    /// that moved the lead to a given member failed 1 run in 10 under load).
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.unary(Unary::TransferLeader, &req, &option).await
     }
 
     /// Forwarded to the peer: the trait's default answers "granted" without asking, which

@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use cursorlog_proto::raft_v1::raft_server::{Raft as RaftRpc, RaftServer};
 use cursorlog_proto::raft_v1::{RaftReply, RaftRequest, SnapshotChunk};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, TransferLeaderRequest, VoteRequest,
+};
 use openraft::storage::RaftStateMachine;
 use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
@@ -218,6 +220,20 @@ where
         }
         let response = self.raft.pre_vote(rpc).await.map_err(stopped)?;
         reply("VoteResponse", &response).map(Response::new)
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let rpc: TransferLeaderRequest<TypeConfig> =
+            codec::decode("TransferLeader", &request.get_ref().data).map_err(bad_request)?;
+        let response = self
+            .raft
+            .handle_transfer_leader(rpc)
+            .await
+            .map_err(stopped)?;
+        reply("TransferLeaderResponse", &response).map(Response::new)
     }
 
     async fn install_snapshot(
