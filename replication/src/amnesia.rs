@@ -15,7 +15,7 @@
 //! exist.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::storage::RaftStateMachine;
@@ -27,6 +27,8 @@ use crate::types::{LogId, Raft, TypeConfig};
 #[derive(Debug, Clone, Default)]
 pub struct VoteGuard {
     amnesiac: Arc<AtomicBool>,
+    /// The highest commit a leader has told this member of since it started.
+    seen_commit: Arc<Mutex<Option<LogId>>>,
 }
 
 impl VoteGuard {
@@ -34,18 +36,35 @@ impl VoteGuard {
     pub fn new(amnesiac: bool) -> Self {
         Self {
             amnesiac: Arc::new(AtomicBool::new(amnesiac)),
+            seen_commit: Arc::default(),
         }
     }
 
     /// Why this member refuses a vote (or pre-vote) to a candidate whose log ends at
     /// `candidate_last`, or `None` when it may answer it as Raft says.
+    ///
+    /// While guarded, a candidate of a formed cluster is refused unless its log reaches the
+    /// highest commit a leader told this member of (a log whose last id is at or past a
+    /// committed id holds that entry): a member still catching up after the cluster formed
+    /// does not block the election of a member that holds everything committed.
     pub fn refusal(&self, candidate_last: Option<&LogId>) -> Option<String> {
         let formed = candidate_last.is_some_and(|id| id.index > 0);
-        (formed && self.amnesiac.load(Ordering::Acquire)).then(|| {
-            "this member started without a saved vote (its data may have been lost): it votes \
-             once a leader has reached it"
-                .to_owned()
-        })
+        if !formed || !self.amnesiac.load(Ordering::Acquire) {
+            return None;
+        }
+        let seen = *self
+            .seen_commit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match (seen, candidate_last) {
+            (Some(c), Some(last)) if *last >= c => None,
+            _ => Some(
+                "this member started without a saved vote (its data may have been lost): it \
+                 votes once a leader has reached it, for a candidate holding what that leader \
+                 committed"
+                    .to_owned(),
+            ),
+        }
     }
 
     /// Whether the member still waits for a leader before it votes.
@@ -86,7 +105,17 @@ impl VoteGuard {
     /// holds from that leader, `leader_commit` the leader's commit index then. Lifts the
     /// guard once the member holds everything the leader had committed: from then on it
     /// cannot help elect a candidate that lacks an entry it once acknowledged.
-    pub fn accepted_append(&self, holds: Option<u64>, leader_commit: Option<u64>) {
+    pub fn accepted_append(&self, holds: Option<u64>, leader_commit: Option<LogId>) {
+        if let Some(c) = leader_commit {
+            let mut seen = self
+                .seen_commit
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if seen.is_none_or(|s| c > s) {
+                *seen = Some(c);
+            }
+        }
+        let leader_commit = leader_commit.map(|c| c.index);
         let caught_up = leader_commit.is_none_or(|c| holds.is_some_and(|h| h >= c));
         if caught_up && self.amnesiac.swap(false, Ordering::AcqRel) {
             tracing::info!(
@@ -117,15 +146,29 @@ mod tests {
     }
 
     #[test]
+    fn while_catching_up_it_votes_only_for_a_candidate_holding_what_a_leader_committed() {
+        let guard = VoteGuard::new(true);
+        guard.accepted_append(Some(12), Some(LogId::new_term_index(2, 30)));
+        assert!(guard.waiting());
+        assert!(guard.refusal(Some(&LogId::new_term_index(2, 29))).is_some());
+        assert!(guard.refusal(Some(&LogId::new_term_index(2, 30))).is_none());
+        assert!(
+            guard.refusal(Some(&LogId::new_term_index(3, 5))).is_none(),
+            "a later term's entry is written by a leader that held entry 30"
+        );
+        assert!(guard.refusal(Some(&LogId::new_term_index(1, 90))).is_some());
+    }
+
+    #[test]
     fn the_guard_lifts_only_once_the_member_holds_what_the_leader_committed() {
         let guard = VoteGuard::new(true);
-        guard.accepted_append(None, Some(40));
-        guard.accepted_append(Some(39), Some(40));
+        guard.accepted_append(None, Some(LogId::new_term_index(2, 40)));
+        guard.accepted_append(Some(39), Some(LogId::new_term_index(2, 40)));
         assert!(
             guard.waiting(),
             "entry 40 was committed and is not here yet"
         );
-        guard.accepted_append(Some(40), Some(40));
+        guard.accepted_append(Some(40), Some(LogId::new_term_index(2, 40)));
         assert!(!guard.waiting());
         let fresh = VoteGuard::new(true);
         fresh.accepted_append(None, None);

@@ -187,7 +187,7 @@ where
     ) -> Result<Response<RaftReply>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> =
             codec::decode("AppendEntries", &request.get_ref().data).map_err(bad_request)?;
-        let leader_commit = rpc.leader_commit.map(|c| c.index);
+        let leader_commit = rpc.leader_commit;
         let sent = rpc.entries.last().map(|e| e.log_id.index);
         let sent = sent.or(rpc.prev_log_id.map(|p| p.index));
         let response = self.raft.append_entries(rpc).await.map_err(stopped)?;
