@@ -32,6 +32,27 @@ type Acks = Vec<(ReplyTo, Reply)>;
 /// Most requests in one group commit.
 const GROUP_REQUESTS_MAX: usize = 4096;
 
+impl Writer {
+    /// Waits, yielding, while the producers the last group commit answered are expected back
+    /// (`expected` of them; see `gather`), adding what arrives to `batch`, and records how the
+    /// wait went.
+    fn gather(&mut self, rx: &Inbox, batch: &mut Vec<Request>, expected: usize) {
+        let mut gather = Gather::new(Instant::now(), expected);
+        loop {
+            let queued = batch.len();
+            drain(rx, batch);
+            let grew = batch.len() > queued;
+            let acks_pending = self.acks_in_flight.load(Ordering::Acquire) > 0;
+            if !gather.keep_waiting(Instant::now(), batch.len(), grew, acks_pending) {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        drain(rx, batch);
+        self.producers.record(batch, gather.futile());
+    }
+}
+
 /// Takes every queued request, up to [`GROUP_REQUESTS_MAX`] in `batch`.
 fn drain(rx: &Inbox, batch: &mut Vec<Request>) {
     while batch.len() < GROUP_REQUESTS_MAX {
@@ -209,19 +230,7 @@ impl Writer {
                 SyncPolicy::Always => self.producers.expected(),
                 _ => 0,
             };
-            let mut gather = Gather::new(Instant::now(), expected);
-            loop {
-                let queued = batch.len();
-                drain(rx, &mut batch);
-                let grew = batch.len() > queued;
-                let acks_pending = self.acks_in_flight.load(Ordering::Acquire) > 0;
-                if !gather.keep_waiting(Instant::now(), batch.len(), grew, acks_pending) {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-            drain(rx, &mut batch);
-            self.producers.record(&batch, gather.futile());
+            self.gather(rx, &mut batch, expected);
             let bytes: u64 = batch.iter().map(|r| r.bytes).sum();
             self.commit(batch);
             self.shared.admission.give_back(bytes);

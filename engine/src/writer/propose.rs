@@ -15,9 +15,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
-use super::gather::Gather;
 use super::pipeline::{error_of, Answers, Batch, Pipeline, Planned, IN_FLIGHT_MAX};
 use super::{drain, Sink, Writer, KEPT_BUFFER_BYTES_MAX};
 use crate::error::Error;
@@ -59,19 +57,8 @@ impl Writer {
             pipeline.wait_below(IN_FLIGHT_MAX);
             // Every entry ends in `fdatasync`s: waiting for the producers the last batches
             // answered pays, as on a single node syncing always (see `gather`).
-            let mut gather = Gather::new(Instant::now(), self.producers.expected());
-            loop {
-                let queued = batch.len();
-                drain(rx, &mut batch);
-                let grew = batch.len() > queued;
-                let acks_pending = self.acks_in_flight.load(Ordering::Acquire) > 0;
-                if !gather.keep_waiting(Instant::now(), batch.len(), grew, acks_pending) {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-            drain(rx, &mut batch);
-            self.producers.record(&batch, gather.futile());
+            let expected = self.producers.expected();
+            self.gather(rx, &mut batch, expected);
             let bytes: u64 = batch.iter().map(|r| r.bytes).sum();
             if self.shared.poisoned.load(Ordering::Acquire) {
                 self.fail_all(batch, || Error::Poisoned);
