@@ -147,12 +147,10 @@ impl Writer {
         self.leased.clear();
         let mut planned: Vec<Planned> = Vec::with_capacity(batch.len());
         for Request { cmd, reply, .. } in batch {
-            if matches!(
-                cmd,
-                Command::Retire { .. } | Command::CarryForward { .. } | Command::Forget { .. }
-            ) {
+            if matches!(cmd, Command::Retire { .. }) {
                 reply.send(Err(Error::NotConfirmed(
-                    "retention does not run on a replicated node yet".into(),
+                    "a replicated member retires segments when its log is purged, not on command"
+                        .into(),
                 )));
                 continue;
             }
