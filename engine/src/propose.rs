@@ -2,8 +2,9 @@
 //! leader side of "apply after commit").
 //!
 //! The leader's writer plans requests exactly as a single node's does (same checks, same
-//! precise errors), but instead of writing a group it encodes it as a [`Proposal`] and hands
-//! the batch to a [`Proposer`] (the replication crate's, over openraft). The proposer
+//! precise errors), but instead of writing a group it encodes it as a [`Proposal`], merges
+//! the batch's groups into as few entries as [`Proposer::entry_bytes_max`] allows, and hands
+//! them to a [`Proposer`] (the replication crate's, over openraft). The proposer
 //! reports, through the batch's [`Settle`], once every entry was applied by this node's state
 //! machine, or refused there, or could not be committed. The engine answers the callers from
 //! that: a planned answer is given only for an entry that was applied, which the apply rules
@@ -14,6 +15,11 @@
 //! a time, see `writer/pipeline.rs`), so one Raft round overlaps the next batch's.
 
 use crate::entry_log::Proposal;
+
+/// The default most proposal bytes one entry of several groups holds: well under a call's
+/// limit on the transport (`APPEND_BYTES_MAX`, 8 MiB, in the replication crate), so one
+/// large entry does not hold back the ones behind it.
+pub const ENTRY_BYTES_MAX: usize = 4 << 20;
 
 /// Carries a leader's planned entries to the cluster. Implemented by the replication crate;
 /// called from the engine's writer thread (a plain thread: blocking is expected).
@@ -36,7 +42,15 @@ pub trait Proposer: Send + Sync + std::fmt::Debug {
     /// proposes is refused by consensus or by the apply rules.
     fn leads(&self) -> bool;
 
-    /// Proposes `entries`, in this order, as consecutive log entries following those of
+    /// The most proposal bytes the writer merges into one entry: a batch's consecutive
+    /// groups share an entry while it stays under this; a group larger than it is an entry
+    /// of its own.
+    fn entry_bytes_max(&self) -> usize {
+        ENTRY_BYTES_MAX
+    }
+
+    /// Proposes `entries` (each the records of one or more consecutive planned groups; all
+    /// of an entry's apply or none do), in this order, as consecutive log entries following those of
     /// every batch proposed before (the writer planned them against those), and reports one
     /// outcome per entry, in the same order, through `settle` once each is settled.
     ///

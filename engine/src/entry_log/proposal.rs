@@ -63,6 +63,11 @@ impl Proposal {
         &self.bytes
     }
 
+    /// The wire bytes, taken.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
     /// A proposal of raw records (no check: see [`Proposal::records`]).
     pub fn from_records(records: &[ProposedRecord]) -> Self {
         Self::from_raw(records.iter().map(|r| (r.tag, r.body.clone())).collect())
@@ -81,6 +86,32 @@ impl Proposal {
             bytes.extend_from_slice(&body);
         }
         Self { bytes }
+    }
+
+    /// The records this proposal holds, as its header says.
+    fn count(&self) -> u32 {
+        self.bytes
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    }
+
+    /// The bytes of this proposal with `other`'s records appended (see [`Proposal::extend`]).
+    pub(crate) fn merged_len(&self, other: &Self) -> usize {
+        self.bytes.len() + other.bytes.len().saturating_sub(4)
+    }
+
+    /// Appends `other`'s records after this proposal's: one entry carrying consecutive
+    /// groups (applied in order, refused whole).
+    pub(crate) fn extend(&mut self, other: &Self) {
+        if self.bytes.len() < 4 {
+            self.bytes.clone_from(&other.bytes);
+            return;
+        }
+        let count = self.count().saturating_add(other.count());
+        self.bytes[..4].copy_from_slice(&count.to_le_bytes());
+        self.bytes
+            .extend_from_slice(other.bytes.get(4..).unwrap_or_default());
     }
 
     /// The raw records.
@@ -142,6 +173,27 @@ impl Proposal {
 mod tests {
     use super::*;
     use crate::record::tag;
+
+    #[test]
+    fn merged_proposals_hold_the_records_of_each_in_order() {
+        let one = |body: &[u8]| {
+            Proposal::from_raw(vec![(tag::MEMBERSHIP, body.to_vec()), (tag::BLANK, vec![])])
+        };
+        let (a, b) = (one(b"a"), one(b"bb"));
+        let mut merged = a.clone();
+        assert_eq!(
+            merged.merged_len(&b),
+            a.as_bytes().len() + b.as_bytes().len() - 4
+        );
+        merged.extend(&b);
+        assert_eq!(merged.as_bytes().len(), a.merged_len(&b));
+        let mut expected = a.records().unwrap();
+        expected.extend(b.records().unwrap());
+        assert_eq!(merged.records(), Ok(expected));
+        let mut empty = Proposal::default();
+        empty.extend(&a);
+        assert_eq!(empty, a);
+    }
 
     #[test]
     fn records_round_trip_and_bad_bytes_are_named() {

@@ -8,7 +8,9 @@
 //!
 //! The rule that keeps a stale plan from being acknowledged is the one a single batch
 //! always had, extended across the window: a request stands only if every group planned up
-//! to its own (in its batch and in every batch of the window before it) applied. A request
+//! to its own (in its batch and in every batch of the window before it) applied. A batch's
+//! groups are merged into entries (`sink.rs`): a group applied if its entry did, so the
+//! first group that did not apply is the first group of the first entry that did not. A request
 //! planned against an earlier request's group (a retry answered as a duplicate of an append
 //! in flight, a session it found created) may have no group of its own, so its own outcome
 //! says nothing; the first group of the window that did not apply fails every request
@@ -51,8 +53,9 @@ pub(super) struct Planned {
 #[derive(Debug)]
 pub(super) struct Batch {
     pub(super) planned: Vec<Planned>,
-    /// The window's groups this batch proposed, one entry each, in order.
-    pub(super) groups: Range<usize>,
+    /// The window's groups each of this batch's entries holds, one range per entry, in
+    /// order.
+    pub(super) entries: Vec<Range<usize>>,
     /// What its requests change outside the index, published for those that stand.
     pub(super) effects: Vec<Effect>,
     /// Streams whose lease its requests armed (ended for those that do not stand).
@@ -203,11 +206,11 @@ const MISSING: Proposed = Proposed::Unknown(String::new());
 fn settle(failed: &mut Option<(usize, Proposed)>, batch: Batch, outcomes: &[Proposed]) {
     if failed.is_none() {
         *failed = batch
-            .groups
-            .clone()
+            .entries
+            .iter()
             .zip(outcomes.iter().chain(std::iter::repeat(&MISSING)))
             .find(|(_, o)| !matches!(o, Proposed::Applied))
-            .map(|(g, o)| (g, o.clone()));
+            .map(|(groups, o)| (groups.start, o.clone()));
     }
     let Batch {
         planned,

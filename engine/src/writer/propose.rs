@@ -1,6 +1,7 @@
 //! The leader side of a replicated node's writer: a batch is planned exactly as a single
-//! node plans it, then proposed as one entry per planned group instead of written, and each
-//! caller is answered from how its entries settled (see `crate::propose`).
+//! node plans it, then proposed instead of written (its groups merged into as few entries
+//! as fit, see `sink.rs`), and each caller is answered from how its entries settled (see
+//! `crate::propose`).
 //!
 //! Batches are pipelined: while up to [`IN_FLIGHT_MAX`] batches are in flight, the next is
 //! planned against the state they will leave and proposed behind them. The batches planned
@@ -186,18 +187,23 @@ impl Writer {
                 Err(e) => reply.send(Err(e)),
             }
         }
-        let entries = match &mut self.log {
+        let (entries, groups) = match &mut self.log {
             Sink::Proposals(p) => p.take(),
-            Sink::Segments(_) => Vec::new(),
+            Sink::Segments(_) => (Vec::new(), Vec::new()),
         };
-        let groups = w.groups..w.groups + entries.len();
-        w.groups = groups.end;
+        // The entries' groups, numbered from the window's first.
+        let base = w.groups;
+        w.groups += groups.last().map_or(0, |g| g.end);
+        let groups = groups
+            .into_iter()
+            .map(|g| base + g.start..base + g.end)
+            .collect();
         w.batches += 1;
         // Followers are woken by apply; the effects outside the index wait for the outcome.
         self.touched.clear();
         let settle = pipeline.push(Batch {
             planned,
-            groups,
+            entries: groups,
             effects: std::mem::take(&mut self.effects),
             leased: std::mem::take(&mut self.leased),
             answers: Answers {

@@ -7,7 +7,16 @@
 //! records planned since (in this batch and in the batches still in flight before it: see
 //! `pipeline.rs`). The apply rules check the prediction on every replica (`StreamIdNotLsn`),
 //! so a wrong one refuses the entry, never corrupts state.
+//!
+//! A proposing sink merges a batch's groups into as few entries as it can: consecutive
+//! groups share an entry up to [`Proposer::entry_bytes_max`] bytes of proposal (a group
+//! larger than that is an entry of its own). openraft's work is per entry (log ids,
+//! replication bookkeeping, an apply call, a responder each), and a batch at 50 producers
+//! holds 20–50 groups. Apply checks an entry's records in order against the state the ones
+//! before left, so merged groups apply as consecutive groups would, except that one refused
+//! record refuses its whole entry: `pipeline.rs` answers every request of it from that.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::entry_log::{EntryLog, Proposal};
@@ -27,19 +36,24 @@ pub(crate) struct Proposals {
     log: EntryLog,
     /// The LSN the next planned record is predicted to get.
     next_lsn: u64,
-    /// The groups planned in this batch, as proposals.
-    groups: Vec<Proposal>,
+    /// The entries of this batch so far: their proposals, and which of the batch's groups
+    /// (numbered from its first) each holds.
+    entries: Vec<(Proposal, Range<usize>)>,
+    /// The most proposal bytes an entry of several groups holds.
+    entry_bytes_max: usize,
 }
 
 impl Proposals {
     pub(crate) fn new(proposer: Arc<dyn Proposer>, log: EntryLog) -> Self {
         let next_lsn = log.next_lsn();
+        let entry_bytes_max = proposer.entry_bytes_max();
         Self {
             proposer,
             pipeline: Arc::default(),
             log,
             next_lsn,
-            groups: Vec::new(),
+            entries: Vec::new(),
+            entry_bytes_max,
         }
     }
 
@@ -48,24 +62,39 @@ impl Proposals {
     /// blank or a membership change, slips in first: then the apply rules refuse what
     /// depended on it).
     pub(crate) fn start_window(&mut self) {
-        self.groups.clear();
+        self.entries.clear();
         self.next_lsn = self.log.next_lsn();
     }
 
     /// Starts a batch in the current window: its records are predicted to follow those of
     /// the window's batches before it.
     pub(crate) fn start_batch(&mut self) {
-        self.groups.clear();
+        self.entries.clear();
+        self.entry_bytes_max = self.proposer.entry_bytes_max();
     }
 
-    /// The groups planned so far in this batch, taken.
-    pub(crate) fn take(&mut self) -> Vec<Proposal> {
-        std::mem::take(&mut self.groups)
+    /// The entries of this batch, taken: their proposals, and which of the batch's groups
+    /// each holds (consecutive ranges from 0, one per entry, in order).
+    pub(crate) fn take(&mut self) -> (Vec<Proposal>, Vec<Range<usize>>) {
+        std::mem::take(&mut self.entries).into_iter().unzip()
     }
 
     /// How many groups this batch planned so far.
     pub(crate) fn len(&self) -> usize {
-        self.groups.len()
+        self.entries.last().map_or(0, |(_, groups)| groups.end)
+    }
+
+    /// Adds the next planned group: to the last entry while it fits under the cap, else as
+    /// a new entry.
+    fn push_group(&mut self, group: Proposal) {
+        let n = self.len();
+        match self.entries.last_mut() {
+            Some((entry, groups)) if entry.merged_len(&group) <= self.entry_bytes_max => {
+                entry.extend(&group);
+                groups.end = n + 1;
+            }
+            _ => self.entries.push((group, n..n + 1)),
+        }
     }
 }
 
@@ -105,7 +134,7 @@ impl Sink {
         match self {
             Self::Segments(log) => log.rewind(to),
             Self::Proposals(p) => {
-                p.groups.clear();
+                p.entries.clear();
                 p.next_lsn = to.lsn;
             }
         }
@@ -144,7 +173,7 @@ impl Sink {
                 Ok(())
             }
             Self::Proposals(p) => {
-                p.groups.push(proposal_of_frames(frames, count)?);
+                p.push_group(proposal_of_frames(frames, count)?);
                 p.next_lsn += count as u64;
                 Ok(())
             }
