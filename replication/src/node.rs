@@ -414,7 +414,7 @@ impl Proposer for RaftProposer {
         let data: Vec<RaftProposal> = entries
             .into_iter()
             .map(|p| RaftProposal {
-                records: p.as_bytes().to_vec(),
+                records: p.into_bytes(),
             })
             .collect();
         // Queued on the writer's thread, so batches reach the log in the order they were
