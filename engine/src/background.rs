@@ -15,6 +15,7 @@ use crate::clock::duration_ms;
 use crate::error::{Error, Result};
 use crate::index::{prefix, KvRead};
 use crate::mailbox::{send, submit, wait, Command, Mailbox, Reply};
+use crate::member::Replica;
 use crate::propose::Proposer;
 use crate::shared::Shared;
 use crate::state::StreamState;
@@ -158,22 +159,38 @@ pub(crate) fn check_disk(shared: &Shared) {
 
 /// Runs one retention pass through the writer; returns the segments retired.
 pub(crate) fn run_retention(shared: &Shared, tx: &Mailbox) -> Result<usize> {
-    crate::retention::run_pass(shared, &|cmd| submit(tx, shared, cmd))
+    crate::retention::run_pass(shared, &|cmd| submit(tx, shared, cmd), false)
+}
+
+/// Runs one retention pass on a cluster member: the leader (`leads`) decides and proposes
+/// what to evict, carry forward and forget; then every member unlinks its segments that a
+/// snapshot covers and nothing retained needs (`member.rs`). Returns the segments
+/// unlinked here.
+pub(crate) fn run_member_retention(
+    shared: &Shared,
+    tx: &Mailbox,
+    replica: &Replica,
+    leads: bool,
+) -> Result<usize> {
+    if leads {
+        crate::retention::run_pass(shared, &|cmd| submit(tx, shared, cmd), true)?;
+    }
+    crate::member::retire_purged(shared, replica)
 }
 
 /// Starts the maintenance thread: leases and free space every tick, idle sessions every
 /// tenth of the TTL (between 100 ms and 10 s), retention every `check_interval`.
 ///
-/// On a replicated node (`cluster` is its proposer) only the leader decides expiries: the
-/// others skip every round, and a node that becomes leader first re-arms sessions' idle
-/// clocks and streams' leases from its index (they are leader-only memory, started afresh
-/// at the moment it took over). Retention does not run on a replicated node yet: it needs
-/// snapshots (issue 19 item 4), so its log is kept whole.
+/// On a replicated node (`cluster` is its proposer and its replica side) only the leader
+/// decides expiries: the others skip those rounds, and a node that becomes leader first
+/// re-arms sessions' idle clocks and streams' leases from its index (they are leader-only
+/// memory, started afresh at the moment it took over). Retention runs on every member
+/// ([`run_member_retention`]): the leader decides, each member unlinks its own segments.
 pub(crate) fn spawn_maintenance(
     shared: Arc<Shared>,
     tx: Mailbox,
     shutdown: Arc<AtomicBool>,
-    cluster: Option<Arc<dyn Proposer>>,
+    cluster: Option<(Arc<dyn Proposer>, Arc<Replica>)>,
 ) -> Result<JoinHandle<()>> {
     let retention_every = shared.config.retention.check_interval;
     let idle_every = shared
@@ -195,8 +212,17 @@ pub(crate) fn spawn_maintenance(
                     return;
                 }
                 check_disk(&shared);
-                if let Some(cluster) = &cluster {
+                let low = shared.low_disk.load(Ordering::Acquire);
+                // Short of space, retention runs every tick: it is what frees space.
+                let retention_due = low || last_retention.elapsed() >= retention_every;
+                if let Some((cluster, replica)) = &cluster {
                     let leads = cluster.leads();
+                    if retention_due {
+                        last_retention = Instant::now();
+                        if let Err(e) = run_member_retention(&shared, &tx, replica, leads) {
+                            tracing::warn!(error = %e, "retention pass failed; will retry");
+                        }
+                    }
                     if leads && !leading {
                         if let Err(e) = arm_live_state(&shared) {
                             tracing::warn!(error = %e, "re-arming leases and idle clocks as the new leader failed; retrying");
@@ -231,9 +257,7 @@ pub(crate) fn spawn_maintenance(
                     idle_backlog = found.len() >= IDLE_PER_ROUND;
                     commit_idle_expiries(&shared, &tx, found);
                 }
-                let low = shared.low_disk.load(Ordering::Acquire);
-                // Short of space, retention runs every tick: it is what frees space.
-                if cluster.is_none() && (low || last_retention.elapsed() >= retention_every) {
+                if cluster.is_none() && retention_due {
                     last_retention = Instant::now();
                     if let Err(e) = run_retention(&shared, &tx) {
                         tracing::warn!(error = %e, "retention pass failed; will retry");

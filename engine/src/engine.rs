@@ -26,7 +26,8 @@ use crate::writer::Writer;
 mod query;
 mod replica;
 
-pub use replica::{Applied, Progress};
+pub use crate::member::Progress;
+pub use replica::Applied;
 mod write;
 mod write_async;
 
@@ -52,7 +53,7 @@ pub(crate) struct Inner {
     report: RecoveryReport,
     _lock: std::fs::File,
     /// Set for a replicated node's engine (`replica.rs`): what it applies from.
-    pub(crate) replica: Option<replica::Replica>,
+    pub(crate) replica: Option<Arc<crate::member::Replica>>,
 }
 
 impl Inner {
@@ -66,7 +67,7 @@ impl Inner {
         shutdown: Arc<AtomicBool>,
         report: RecoveryReport,
         lock: std::fs::File,
-        replica: Option<replica::Replica>,
+        replica: Option<Arc<crate::member::Replica>>,
     ) -> Self {
         Self {
             shared,
@@ -250,13 +251,21 @@ impl Engine {
 
     /// Runs one retention pass now (it also runs every `retention.check_interval`): forgets
     /// what is past the metadata horizon, raises watermarks, retires dead segments. Returns
-    /// the number of segments retired.
+    /// the number of segments retired. On a cluster member, the leader decides and proposes
+    /// the evictions and carry-forwards, and each member retires its dead segments once a
+    /// snapshot covers them (`member.rs`).
     ///
     /// # Errors
     /// Write or index failures.
     pub fn run_retention(&self) -> Result<usize> {
         let tx = self.sender()?;
-        run_retention(&self.inner.shared, &tx)
+        match &self.inner.replica {
+            None => run_retention(&self.inner.shared, &tx),
+            Some(replica) => {
+                let leads = replica.proposer.as_ref().is_some_and(|p| p.leads());
+                crate::background::run_member_retention(&self.inner.shared, &tx, replica, leads)
+            }
+        }
     }
 
     /// Runs one round of the time-driven work now, as the background thread does on its

@@ -34,9 +34,11 @@ use crate::record::{encode_frame, Record};
 mod cut;
 mod proposal;
 pub(crate) mod read;
+mod retire;
 mod snapshot;
 
 use cut::Purged;
+pub(crate) use retire::{HeldSegment, Refusals};
 
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
 pub use snapshot::{LogSnapshot, SnapshotFile, SnapshotManifest, SnapshotStaging, StagedFile};

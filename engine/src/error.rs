@@ -75,6 +75,15 @@ pub enum CorruptionKind {
         /// The log's last entry now (`None`: empty).
         last: Option<u64>,
     },
+    /// A cluster member's log starts after entry 1 (its oldest segments retired, or it was
+    /// installed from a snapshot) but its `REFUSED` file does not say which of the entries
+    /// before that point its apply refused, so its state cannot be rebuilt exactly.
+    RefusalsUnknown {
+        /// The first entry the log holds.
+        first: u64,
+        /// The last entry `REFUSED` accounts for (0: none).
+        through: u64,
+    },
 }
 
 impl std::fmt::Display for CorruptionKind {
@@ -119,6 +128,12 @@ impl std::fmt::Display for CorruptionKind {
                  (`cursorlog cluster remove`), wipe its data directory, start it again and add \
                  it back (`cluster add-learner`, then `cluster promote`)",
                 last.map_or_else(|| "none".to_owned(), |l| l.to_string())
+            ),
+            Self::RefusalsUnknown { first, through } => write!(
+                f,
+                "the log starts at entry {first} but REFUSED accounts only for entries up to \
+                 {through}: the state cannot be rebuilt exactly. Wipe this member's data \
+                 directory and start it again: it catches up from its peers"
             ),
             Self::DamageBeforeValidRecords => f.write_str(
                 "damage in bytes a frame says were synced (not a torn unsynced write): \

@@ -50,6 +50,7 @@ mod leases;
 mod log;
 mod lost;
 mod mailbox;
+mod member;
 mod propose;
 mod read;
 mod record;

@@ -98,11 +98,16 @@ pub(crate) fn plan(shared: &Shared) -> Result<Plan> {
 /// horizon, raise watermarks, carry the state born in the retirable segments forward in
 /// bounded groups, and only then retire them. Returns the segments retired.
 ///
+/// On a cluster's leader (`member`) the writer proposes what it plans, and the pass stops
+/// after the carry-forward: each member unlinks its own segments once a snapshot covers
+/// them (`member.rs`), so it returns 0.
+///
 /// # Errors
 /// Write or index failures; a retirement refused because its state was not all carried.
 pub(crate) fn run_pass(
     shared: &Shared,
     submit: &dyn Fn(Command) -> Result<Reply>,
+    member: bool,
 ) -> Result<usize> {
     let _one = shared
         .retention_lock
@@ -138,6 +143,9 @@ pub(crate) fn run_pass(
             if n == 0 {
                 break;
             }
+        }
+        if member {
+            return Ok(retired);
         }
         let n = bases.len();
         submit(Command::Retire {

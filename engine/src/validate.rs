@@ -9,8 +9,11 @@
 //! Today the writer checks every record it emits against them in debug and test builds,
 //! so the whole test suite holds the planner and these rules to agreeing.
 //!
-//! Records that restate state (carry-forward snapshots, forgotten markers) and the log's own
-//! records (shutdown, blank, membership) are always valid.
+//! Records that restate state (carry-forward snapshots) must restate exactly the state they
+//! meet: a snapshot planned against state that an earlier entry's refusal left unchanged
+//! would otherwise write that state back. A forgotten marker needs its stream ended or its
+//! session expired (when is the leader's decision, from its clock; that it may is not). The
+//! log's own records (shutdown, blank, membership) are always valid.
 //!
 //! The rules are per record, in order, each against the state the records before it left;
 //! a group (an entry) is all or nothing, so its caller refuses the whole group when any of
@@ -72,6 +75,15 @@ pub(crate) enum Rejection {
     /// An event or terminal frame whose seq does not follow the head.
     #[error("stream {stream}: seq {seq} does not follow head {head}")]
     SeqNotNext { stream: u64, seq: u64, head: u64 },
+    /// A carried-forward snapshot that does not restate the state it meets.
+    #[error("the snapshot of {0} does not restate its current state")]
+    StaleSnapshot(String),
+    /// A stream forgotten while it is still open.
+    #[error("stream {0} is forgotten while open")]
+    ForgottenWhileOpen(u64),
+    /// A session forgotten while it is still live.
+    #[error("session {0:?} is forgotten while live")]
+    ForgottenWhileLive(String),
     /// A watermark that does not move forward or passes the head.
     #[error("stream {stream}: watermark {watermark} is not in {current}..={limit}")]
     BadWatermark {
@@ -193,13 +205,36 @@ pub(crate) fn validate(
                 }
             }
         },
-        Record::SessionSnapshot(_)
-        | Record::StreamSnapshot(_)
-        | Record::StreamForgotten { .. }
-        | Record::SessionForgotten { .. }
-        | Record::Shutdown { .. }
-        | Record::Blank
-        | Record::Membership { .. } => Ok(()),
+        Record::SessionSnapshot(meta) => match txn.stored_session(&meta.id)? {
+            None => Err(Rejection::UnknownSession(meta.id.clone())),
+            Some(s) if s.meta != *meta => {
+                Err(Rejection::StaleSnapshot(format!("session {:?}", meta.id)))
+            }
+            Some(_) => Ok(()),
+        },
+        Record::StreamSnapshot(snap) => match txn.stored_stream(snap.meta.id)? {
+            None => Err(Rejection::UnknownStream(snap.meta.id)),
+            Some(s)
+                if s.meta != snap.meta
+                    || txn.terminal_frame(snap.meta.id)? != snap.terminal_frame =>
+            {
+                Err(Rejection::StaleSnapshot(format!("stream {}", snap.meta.id)))
+            }
+            Some(_) => Ok(()),
+        },
+        Record::StreamForgotten { stream, .. } => match txn.stored_stream(*stream)? {
+            None => Err(Rejection::UnknownStream(*stream)),
+            Some(s) if !s.meta.state.is_terminal() => Err(Rejection::ForgottenWhileOpen(*stream)),
+            Some(_) => Ok(()),
+        },
+        Record::SessionForgotten { session, .. } => match txn.stored_session(session)? {
+            None => Err(Rejection::UnknownSession(session.clone())),
+            Some(s) if s.meta.expired_at_ms.is_none() => {
+                Err(Rejection::ForgottenWhileLive(session.clone()))
+            }
+            Some(_) => Ok(()),
+        },
+        Record::Shutdown { .. } | Record::Blank | Record::Membership { .. } => Ok(()),
     })
 }
 

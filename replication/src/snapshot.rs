@@ -50,8 +50,8 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 10_000;
 /// (a restart) is sent entries (AppendEntries); one further behind (wiped, or down for
 /// long) is sent the segment files, as issue 19 item 4 asks. Per GiB the two measured about
 /// alike on a shared 2-core machine (9–20 s/GiB each, benches/README.md "Catch-up of a
-/// wiped member"). A purge deletes no segment (`EntryLog::purge_through`), so the value
-/// costs no disk either way.
+/// wiped member"). Retention unlinks only purged segments (`engine/src/member.rs`),
+/// so these entries are also what a member keeps beyond the retention bound.
 pub const KEEP_BELOW_SNAPSHOT_ENTRIES: u64 = 10_000;
 
 /// `config` with cursorlog's snapshot policy (a snapshot every [`SNAPSHOT_EVERY_ENTRIES`],

@@ -54,16 +54,11 @@ impl EngineStateMachine {
     async fn snapshot(&self) -> io::Result<Option<SnapshotOf<TypeConfig, SegmentSnapshot>>> {
         let engine = self.engine.clone();
         tokio::task::spawn_blocking(move || {
-            let progress = engine.applied().ok_or_else(|| {
-                io::Error::other("the engine is a single node's, not a replica's")
-            })?;
-            let Some(last) = progress.last else {
+            // The files, the refusals among their entries and the applied point, at once.
+            let Some((taken, progress)) = engine.snapshot().map_err(io::Error::other)? else {
                 return Ok(None);
             };
-            let log = engine
-                .entry_log()
-                .ok_or_else(|| io::Error::other("the engine has no replicated log"))?;
-            let taken = log.snapshot(last).map_err(io::Error::other)?;
+            let last = taken.manifest.last;
             let last_membership = membership(progress.membership)?;
             tracing::debug!(
                 last = last.index,

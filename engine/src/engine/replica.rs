@@ -10,23 +10,25 @@
 //! and is reported (its proposer is told; every replica refuses it alike, since the rules
 //! read nothing but the index). Followers (`Read` with follow) wake on apply.
 //!
-//! What a replica does not do yet: take writes (every write call answers
-//! [`Error::NotLeader`]: the leader's planner proposing entries is the next step), run
-//! retention, leases or idle expiry (they become the leader's proposals), or remember how
-//! far it applied across a restart (its index is rebuilt from the log at open, up to the
-//! committed entry: correct, not fast).
+//! The index is rebuilt from the log at open and after a snapshot install, up to the
+//! committed entry. Once retention dropped the oldest segments (`member.rs`), the entries
+//! up to the point `REFUSED` accounts for are replayed without the rules, skipping the
+//! entries apply refused the first time (`entry_log/retire.rs` says why), and the rest are
+//! checked as they were the first time. An engine opened without a proposer takes no
+//! writes (every write call answers [`Error::NotLeader`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use super::{Engine, Inner};
 use crate::background::{spawn_index_flusher, spawn_maintenance};
 use crate::config::Config;
 use crate::entry_log::read::PlacedFrame;
-use crate::entry_log::{EntryId, EntryLog};
+use crate::entry_log::{EntryId, EntryLog, Refusals};
 use crate::error::{Error, Result};
 use crate::index::{Index, Txn};
 use crate::mailbox::{Inbox, Request};
+use crate::member::{ApplyState, Progress, Replica};
 use crate::propose::Proposer;
 use crate::record::Record;
 use crate::recovery::RecoveryReport;
@@ -42,24 +44,6 @@ pub struct Applied {
     pub entries: u64,
     /// Entries the apply rules refused, with why: they changed nothing.
     pub refused: Vec<(EntryId, String)>,
-}
-
-/// The replica side of an engine: the log it applies from and how far it got.
-#[derive(Debug)]
-pub(crate) struct Replica {
-    log: EntryLog,
-    /// How far apply got.
-    applied: Mutex<Progress>,
-}
-
-/// How far a replica's apply got: what openraft's state machine reports as its applied
-/// state.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Progress {
-    /// The last entry applied or refused.
-    pub last: Option<EntryId>,
-    /// The last membership entry applied, with its configuration (opaque to the engine).
-    pub membership: Option<(EntryId, Vec<u8>)>,
 }
 
 impl Engine {
@@ -101,6 +85,11 @@ impl Engine {
         // Rebuilt from the log: how far an earlier run applied is not remembered yet.
         index.clear()?;
         let shared = Arc::new(Shared::new(config, index, log.segments()));
+        let replica = Arc::new(Replica {
+            log: log.clone(),
+            proposer: proposer.clone(),
+            applied: Mutex::new(ApplyState::default()),
+        });
         let (tx, rx) = std::sync::mpsc::channel();
         let writer = {
             let shared = Arc::clone(&shared);
@@ -125,7 +114,7 @@ impl Engine {
                 Arc::clone(&shared),
                 tx.clone(),
                 Arc::clone(&shutdown),
-                proposer,
+                proposer.map(|p| (p, Arc::clone(&replica))),
             )?);
         }
         // The directory lock is the entry log's; the engine holds the lock file open only
@@ -143,16 +132,49 @@ impl Engine {
                 shutdown,
                 RecoveryReport::default(),
                 lock_file,
-                Some(Replica {
-                    log: log.clone(),
-                    applied: Mutex::new(Progress::default()),
-                }),
+                Some(replica),
             )),
         };
         if let Some(committed) = log.committed() {
-            engine.apply_committed(committed.index)?;
+            engine.rebuild(committed.index)?;
         }
         Ok(engine)
+    }
+
+    /// Rebuilds the (empty) index from the log through entry `through`: without the apply
+    /// rules up to the entry `REFUSED` accounts for, skipping the entries it lists, then
+    /// with them (see the module's doc).
+    ///
+    /// # Errors
+    /// The log no longer starts at entry 1 and `REFUSED` does not account for the entries
+    /// before it ([`CorruptionKind::RefusalsUnknown`]); as [`Engine::apply_committed`].
+    fn rebuild(&self, through: u64) -> Result<Applied> {
+        let replica = self.replica()?;
+        let refusals = replica.log.refusals()?;
+        if let Some(first) = replica.log.first_entry() {
+            if first > 1 && refusals.through + 1 < first {
+                return Err(Error::Corruption {
+                    segment: replica.log.dir(),
+                    offset: 0,
+                    kind: crate::error::CorruptionKind::RefusalsUnknown {
+                        first,
+                        through: refusals.through,
+                    },
+                });
+            }
+        }
+        let mut out = self.apply_through(refusals.through.min(through), Some(&refusals))?;
+        let checked = self.apply_through(through, None)?;
+        out.entries += checked.entries;
+        out.refused.extend(checked.refused);
+        out.through = checked.through.or(out.through);
+        Ok(out)
+    }
+
+    fn replica(&self) -> Result<&Arc<Replica>> {
+        self.inner.replica.as_ref().ok_or_else(|| {
+            Error::Internal("a replica's call on an engine that is not a replica's".into())
+        })
     }
 
     /// Applies the committed entries after the last one applied, up to entry `through`
@@ -163,33 +185,48 @@ impl Engine {
     /// ([`Error::Internal`]); corruption of a stored entry; index failures (the engine is
     /// then poisoned: the index may hold part of an entry).
     pub fn apply_committed(&self, through: u64) -> Result<Applied> {
+        self.apply_through(through, None)
+    }
+
+    /// Applies the entries after the last one applied through entry `through`: checked
+    /// with the apply rules, or (`replay` given) replayed as they were applied before,
+    /// skipping the entries it lists as refused.
+    fn apply_through(&self, through: u64, replay: Option<&Refusals>) -> Result<Applied> {
         let shared = &self.inner.shared;
-        let replica = self.inner.replica.as_ref().ok_or_else(|| {
-            Error::Internal("apply_committed on an engine that is not a replica's".into())
-        })?;
-        let mut applied = replica
-            .applied
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let replica = self.replica()?;
+        let mut state = replica.lock();
         let mut out = Applied::default();
-        let done = applied.last.map_or(0, |id| id.index);
+        let done = state.progress.last.map_or(0, |id| id.index);
         if through <= done {
             return Ok(out);
         }
-        let entries = replica.log.read_placed(done + 1, through + 1)?;
+        // A log whose oldest segments retired starts later: a rebuild starts there.
+        let from = replica
+            .log
+            .first_entry()
+            .map_or(done + 1, |first| first.max(done + 1));
+        let entries = replica.log.read_placed(from, through + 1)?;
         for (id, frames) in entries {
             if let [only] = frames.as_slice() {
                 if only.tag == crate::record::tag::MEMBERSHIP {
-                    applied.membership = Some((id, only.body.to_vec()));
+                    state.progress.membership = Some((id, only.body.to_vec()));
                 }
             }
-            match apply_entry(shared, &frames) {
+            let outcome = match replay {
+                Some(r) if r.refused(id.index) => Ok(Err("refused when first applied".into())),
+                Some(_) => apply_entry(shared, &frames, false),
+                None => apply_entry(shared, &frames, true),
+            };
+            match outcome {
                 Ok(Ok(touched)) => {
                     out.entries += 1;
                     shared.followers.ring(&touched);
                 }
                 Ok(Err(why)) => {
-                    tracing::warn!(entry = id.index, term = id.term, %why, "a committed entry was refused by the apply rules");
+                    if replay.is_none() {
+                        tracing::warn!(entry = id.index, term = id.term, %why, "a committed entry was refused by the apply rules");
+                    }
+                    state.refused.push(id);
                     out.refused.push((id, why));
                 }
                 Err(e) => {
@@ -200,7 +237,7 @@ impl Engine {
             if let Some(last) = frames.last() {
                 shared.counters.last_lsn.store(last.lsn, Ordering::Release);
             }
-            applied.last = Some(id);
+            state.progress.last = Some(id);
             out.through = Some(id);
         }
         Ok(out)
@@ -213,6 +250,30 @@ impl Engine {
         self.inner.replica.as_ref().map(|r| &r.log)
     }
 
+    /// A snapshot of the log through the last entry applied (issue 19 item 4), with the
+    /// refusals among its entries and the progress it stands for, taken at one point (no
+    /// entry applies and no segment retires meanwhile). `None` before anything applied.
+    ///
+    /// # Errors
+    /// Not a replica's engine ([`Error::Internal`]); I/O failures opening the files.
+    pub fn snapshot(&self) -> Result<Option<(crate::entry_log::LogSnapshot, Progress)>> {
+        let replica = self.replica()?;
+        let state = replica.lock();
+        let Some(last) = state.progress.last else {
+            return Ok(None);
+        };
+        let mut taken = replica.log.snapshot(last)?;
+        taken.manifest.refused = Some(
+            state
+                .refused
+                .iter()
+                .filter(|id| id.index <= last.index)
+                .copied()
+                .collect(),
+        );
+        Ok(Some((taken, state.progress.clone())))
+    }
+
     /// Installs a received snapshot (issue 19 item 4): the staged segment files become the
     /// log ([`EntryLog::install_snapshot`]), then the index is rebuilt from them, exactly
     /// as an open rebuilds it, through the snapshot's last entry.
@@ -221,40 +282,30 @@ impl Engine {
     /// Not a replica's engine ([`Error::Internal`]); the install's errors; corruption of a
     /// received entry (the engine is then poisoned).
     pub fn install_snapshot(&self, staging: crate::entry_log::SnapshotStaging) -> Result<Applied> {
-        let replica = self.inner.replica.as_ref().ok_or_else(|| {
-            Error::Internal("install_snapshot on an engine that is not a replica's".into())
-        })?;
+        let replica = self.replica()?;
         let last = staging.manifest().last;
         {
-            let mut applied = replica
-                .applied
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut state = replica.lock();
             replica.log.install_snapshot(staging)?;
             self.inner.shared.index.clear()?;
-            *applied = Progress::default();
+            *state = ApplyState::default();
         }
-        self.apply_committed(last.index)
+        self.rebuild(last.index)
     }
 
     /// How far this replica applied (`None` for a single node's engine).
     pub fn applied(&self) -> Option<Progress> {
         let replica = self.inner.replica.as_ref()?;
-        Some(
-            replica
-                .applied
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-        )
+        Some(replica.lock().progress.clone())
     }
 }
 
-/// Checks and applies one entry's records to the index: all of them, or (a rule refused
-/// one) none. Returns the streams it touched, or why it was refused.
+/// Checks (`check`) and applies one entry's records to the index: all of them, or (a rule
+/// refused one) none. Returns the streams it touched, or why it was refused.
 fn apply_entry(
     shared: &Shared,
     frames: &[PlacedFrame],
+    check: bool,
 ) -> Result<std::result::Result<Vec<u64>, String>> {
     let mut records = Vec::with_capacity(frames.len());
     for f in frames {
@@ -267,9 +318,11 @@ fn apply_entry(
     let mut txn = Txn::new(&shared.index);
     let mut touched = Vec::new();
     for (i, (f, record)) in frames.iter().zip(&records).enumerate() {
-        if let Err(why) = crate::validate::validate(&txn, f.lsn, record)? {
-            // The overlay holds this entry's earlier records: dropping it drops them.
-            return Ok(Err(why.to_string()));
+        if check {
+            if let Err(why) = crate::validate::validate(&txn, f.lsn, record)? {
+                // The overlay holds this entry's earlier records: dropping it drops them.
+                return Ok(Err(why.to_string()));
+            }
         }
         let prev = i.checked_sub(1).and_then(|p| records.get(p));
         crate::apply::apply(

@@ -162,8 +162,8 @@ impl Inner {
     ///
     /// Sealed segments are **not** deleted by a purge: on a cluster member the engine's
     /// state is built from every retained segment (a snapshot *is* those segments, see
-    /// `snapshot.rs`), so a segment goes only when retention has carried its state forward,
-    /// which does not run on a cluster yet (docs/REPLICATION.md). A purge marks the entries
+    /// `snapshot.rs`), so a segment goes only when retention has carried its state forward
+    /// (`member.rs`, which unlinks only purged segments). A purge marks the entries
     /// as no longer needed by Raft: a follower that lacks them gets the snapshot.
     pub(super) fn finish_purge(&mut self) -> Result<()> {
         let Some(p) = self.purged else {

@@ -10,7 +10,7 @@
 //!   directory), and [`EntryLog::install_snapshot`] makes them the log atomically: writing
 //!   the `SNAPSHOT` file (the manifest; temp file, fsync, rename, directory fsync) is the
 //!   commit point; after it the old segments are unlinked, the staged ones renamed in,
-//!   `PURGED` and `COMMITTED` written, `SNAPSHOT` removed, and the log goes on after the
+//!   `PURGED`, `COMMITTED` and `REFUSED` written, `SNAPSHOT` removed, and the log goes on after the
 //!   snapshot's last entry **at the LSN the snapshot carries**, so every replica gives every
 //!   record the same LSN. An open that finds `SNAPSHOT` finishes the install; one that finds
 //!   staged files without it drops them (the old log stands). FORMAT.md, "Snapshots".
@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use super::cut::Purged;
 use super::read::frame_header;
+use super::retire::{Refusals, REFUSED_FILE};
 use super::{
     encode_entry_id, EntryId, EntryLog, Inner, SegmentEntries, COMMITTED_FILE, PURGED_FILE,
 };
@@ -38,7 +39,9 @@ pub(crate) const INSTALL_FILE: &str = "SNAPSHOT";
 /// A received file's suffix until the install renames it.
 pub(crate) const STAGED_SUFFIX: &str = ".staged";
 /// The manifest's first bytes.
-const MANIFEST_MAGIC: &[u8; 8] = b"CLSNAPM1";
+const MANIFEST_MAGIC: &[u8; 8] = b"CLSNAPM2";
+/// The first version's (no refusals: its files always start at entry 1).
+const MANIFEST_MAGIC_V1: &[u8; 8] = b"CLSNAPM1";
 
 /// What a snapshot is: the segment files holding entries up to `last`, and the LSN the
 /// record after `last` gets.
@@ -50,6 +53,11 @@ pub struct SnapshotManifest {
     pub next_lsn: u64,
     /// The segment files, oldest first: name (`<base LSN>.seg`) and length in bytes.
     pub files: Vec<(String, u64)>,
+    /// The entries among the files' that the sender's apply refused (`entry_log/retire.rs`): the
+    /// receiver skips them when it rebuilds its index. `None` from a sender of the first
+    /// manifest version, whose snapshots always start at entry 1 (the receiver then checks
+    /// every entry as it replays).
+    pub refused: Option<Vec<EntryId>>,
 }
 
 impl SnapshotManifest {
@@ -59,9 +67,14 @@ impl SnapshotManifest {
     }
 
     /// The manifest's bytes: magic, last term, last index, next LSN, file count, then per
-    /// file its length, name length (u32) and name; integers little-endian.
+    /// file its length, name length (u32) and name, then the refused entries' count and
+    /// per entry its term and index; integers little-endian. Without refusals (`None`) it
+    /// is the first version's manifest (`CLSNAPM1`, no refusal list).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = MANIFEST_MAGIC.to_vec();
+        let mut b = match self.refused {
+            Some(_) => MANIFEST_MAGIC.to_vec(),
+            None => MANIFEST_MAGIC_V1.to_vec(),
+        };
         b.extend_from_slice(&encode_entry_id(self.last));
         b.extend_from_slice(&self.next_lsn.to_le_bytes());
         b.extend_from_slice(&(self.files.len() as u64).to_le_bytes());
@@ -70,6 +83,12 @@ impl SnapshotManifest {
             b.extend_from_slice(&(name.len() as u32).to_le_bytes());
             b.extend_from_slice(name.as_bytes());
         }
+        if let Some(refused) = &self.refused {
+            b.extend_from_slice(&(refused.len() as u64).to_le_bytes());
+            for id in refused {
+                b.extend_from_slice(&encode_entry_id(*id));
+            }
+        }
         b
     }
 
@@ -77,7 +96,9 @@ impl SnapshotManifest {
     /// name a file that is not a segment (a name is never a path).
     pub fn decode(b: &[u8]) -> Option<Self> {
         let mut r = Reader(b);
-        (r.take(8)? == MANIFEST_MAGIC).then_some(())?;
+        let magic = r.take(8)?;
+        let v1 = magic == MANIFEST_MAGIC_V1;
+        (v1 || magic == MANIFEST_MAGIC).then_some(())?;
         let last = EntryId {
             term: r.u64()?,
             index: r.u64()?,
@@ -92,10 +113,24 @@ impl SnapshotManifest {
             parse_segment_name(&name)?;
             files.push((name, len));
         }
+        let refused = if v1 {
+            None
+        } else {
+            let n = r.u64()?;
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                ids.push(EntryId {
+                    term: r.u64()?,
+                    index: r.u64()?,
+                });
+            }
+            Some(ids)
+        };
         r.0.is_empty().then_some(Self {
             last,
             next_lsn,
             files,
+            refused,
         })
     }
 }
@@ -340,6 +375,7 @@ impl Inner {
             last: through,
             next_lsn,
             files: Vec::new(),
+            refused: None,
         };
         let mut files = Vec::new();
         for (&base, entries) in &self.offsets {
@@ -496,6 +532,23 @@ pub(crate) fn finish_install(fs: &dyn FileSystem, dir: &Path, stop: InstallStep)
     };
     durable_file::write(fs, dir, PURGED_FILE, &purged.encode())?;
     durable_file::write(fs, dir, COMMITTED_FILE, &encode_entry_id(manifest.last))?;
+    // The old log's refusals go with it; the snapshot's are the new log's (`entry_log/retire.rs`).
+    match &manifest.refused {
+        Some(entries) => {
+            let refusals = Refusals {
+                through: manifest.last.index,
+                entries: entries.clone(),
+            };
+            durable_file::write(fs, dir, REFUSED_FILE, &refusals.encode())?;
+        }
+        None => {
+            if fs.len(&dir.join(REFUSED_FILE)).is_ok() {
+                fs.remove(&dir.join(REFUSED_FILE))
+                    .map_err(Error::io("removing the REFUSED file"))?;
+                sync_dir(fs, dir)?;
+            }
+        }
+    }
     if stop == InstallStep::Moved {
         return Ok(());
     }

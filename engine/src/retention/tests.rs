@@ -78,19 +78,23 @@ fn pass_with(
     let tx = e.sender().unwrap();
     let sent = RefCell::new(Vec::new());
     let carries = RefCell::new(0);
-    let result = run_pass(shared, &|cmd| {
-        let n = if matches!(cmd, Command::CarryForward { .. }) {
-            *carries.borrow_mut() += 1;
-            *carries.borrow()
-        } else {
-            0
-        };
-        if let Some(answer) = intercept(&cmd, n) {
-            return answer;
-        }
-        sent.borrow_mut().push(kind(&cmd));
-        submit(&tx, shared, cmd)
-    });
+    let result = run_pass(
+        shared,
+        &|cmd| {
+            let n = if matches!(cmd, Command::CarryForward { .. }) {
+                *carries.borrow_mut() += 1;
+                *carries.borrow()
+            } else {
+                0
+            };
+            if let Some(answer) = intercept(&cmd, n) {
+                return answer;
+            }
+            sent.borrow_mut().push(kind(&cmd));
+            submit(&tx, shared, cmd)
+        },
+        false,
+    );
     (result, sent.into_inner())
 }
 

@@ -224,3 +224,86 @@ fn each_rule_refuses_what_breaks_it() {
         assert_eq!(run(&records), Some((last, want)), "{records:?}");
     }
 }
+
+/// The stream meta a stream opened by `opened(2, "s", 1)` at LSN 2 has after `head` events.
+fn stream_meta(head: u64) -> crate::state::StreamMeta {
+    crate::state::StreamMeta {
+        id: 2,
+        session: "s".into(),
+        epoch: 1,
+        state: StreamState::Open,
+        head,
+        watermark: 1,
+        correlation: None,
+        opened_at_ms: 0,
+        ended_at_ms: None,
+        end_reason: None,
+        has_terminal_frame: false,
+        lease_ms: None,
+    }
+}
+
+/// A carried-forward snapshot must restate the state it meets: one planned against an
+/// event that was then refused (a stale pipelined plan) would write a head the stream
+/// never reached. Forgetting needs the stream ended, the session expired.
+#[test]
+fn restating_records_must_match_the_state_they_meet() {
+    let snap = |head| {
+        Record::StreamSnapshot(crate::record::StreamSnapshot {
+            meta: stream_meta(head),
+            terminal_frame: None,
+        })
+    };
+    let base = || vec![session("s"), opened(2, "s", 1), event(2, 1)];
+    let mut exact = base();
+    exact.push(snap(1));
+    exact.push(Record::SessionSnapshot(crate::state::SessionMeta {
+        id: "s".into(),
+        epoch: 1,
+        opened_at_ms: 0,
+        expired_at_ms: None,
+    }));
+    assert_eq!(run(&exact), None, "an exact restatement passes");
+
+    let cases: Vec<(Record, Rejection)> = vec![
+        (snap(2), Rejection::StaleSnapshot("stream 2".into())),
+        (
+            Record::SessionSnapshot(crate::state::SessionMeta {
+                id: "s".into(),
+                epoch: 2,
+                opened_at_ms: 0,
+                expired_at_ms: None,
+            }),
+            Rejection::StaleSnapshot("session \"s\"".into()),
+        ),
+        (
+            Record::StreamSnapshot(crate::record::StreamSnapshot {
+                meta: crate::state::StreamMeta {
+                    id: 5,
+                    ..stream_meta(1)
+                },
+                terminal_frame: None,
+            }),
+            Rejection::UnknownStream(5),
+        ),
+        (
+            Record::StreamForgotten {
+                stream: 2,
+                at_ms: 0,
+            },
+            Rejection::ForgottenWhileOpen(2),
+        ),
+        (
+            Record::SessionForgotten {
+                session: "s".into(),
+                at_ms: 0,
+            },
+            Rejection::ForgottenWhileLive("s".into()),
+        ),
+    ];
+    for (record, want) in cases {
+        let mut history = base();
+        history.push(record);
+        assert_eq!(run(&history), Some((3, want)));
+    }
+}

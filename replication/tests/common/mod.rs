@@ -76,11 +76,15 @@ fn timing() -> ClusterTiming {
     }
 }
 
-fn engine_config(dir: &Path, segment_bytes: u64) -> Config {
+/// Changes a member's engine config beyond the harness's (e.g. retention limits).
+pub type Configure = fn(&mut Config);
+
+fn engine_config(dir: &Path, segment_bytes: u64, configure: Configure) -> Config {
     let mut c = Config::new(dir);
     c.sync = SyncPolicy::Always;
     c.segment_bytes_max = segment_bytes;
     c.retention.check_interval = Duration::from_secs(24 * 3600);
+    configure(&mut c);
     c
 }
 
@@ -88,12 +92,13 @@ async fn start(
     id: NodeId,
     dir: &Path,
     segment_bytes: u64,
+    configure: Configure,
     listener: TcpListener,
     members: &BTreeMap<NodeId, RaftNode>,
 ) -> Running {
     let node = ReplicatedNode::start(NodeOptions {
         id,
-        engine: engine_config(dir, segment_bytes),
+        engine: engine_config(dir, segment_bytes, configure),
         members: members.clone(),
         timing: timing(),
         client: ClientOptions::new(),
@@ -116,11 +121,18 @@ pub struct Cluster {
     pub members: BTreeMap<NodeId, RaftNode>,
     pub nodes: BTreeMap<NodeId, Running>,
     segment_bytes: u64,
+    configure: Configure,
 }
 
 impl Cluster {
     /// Starts three members whose engines write segments of `segment_bytes`.
     pub async fn start(segment_bytes: u64) -> Self {
+        Self::start_with(segment_bytes, |_| {}).await
+    }
+
+    /// [`Cluster::start`], each member's engine config changed by `configure` (at every
+    /// start of it).
+    pub async fn start_with(segment_bytes: u64, configure: Configure) -> Self {
         let dirs: BTreeMap<NodeId, TempDir> = (1..=3)
             .map(|id| (id, tempfile::tempdir().unwrap()))
             .collect();
@@ -135,7 +147,7 @@ impl Cluster {
         for (id, l) in listeners {
             nodes.insert(
                 id,
-                start(id, dirs[&id].path(), segment_bytes, l, &members).await,
+                start(id, dirs[&id].path(), segment_bytes, configure, l, &members).await,
             );
         }
         Self {
@@ -143,6 +155,7 @@ impl Cluster {
             members,
             nodes,
             segment_bytes,
+            configure,
         }
     }
 
@@ -156,7 +169,15 @@ impl Cluster {
     pub async fn restart(&mut self, id: NodeId) {
         let l = TcpListener::bind(&self.members[&id].addr).await.unwrap();
         let dir = self.dirs[&id].path();
-        let running = start(id, dir, self.segment_bytes, l, &self.members).await;
+        let running = start(
+            id,
+            dir,
+            self.segment_bytes,
+            self.configure,
+            l,
+            &self.members,
+        )
+        .await;
         self.nodes.insert(id, running);
     }
 
@@ -204,7 +225,8 @@ impl Cluster {
                     let mut streams: Vec<StreamMeta> = e.streams().unwrap();
                     streams.sort_by_key(|s| s.id);
                     for s in streams {
-                        let events = e.read(&s.session, s.id, 0, 1000).unwrap();
+                        // From the watermark: retention may have evicted the events before.
+                        let events = e.read(&s.session, s.id, s.watermark - 1, 1000).unwrap();
                         text.push_str(&format!("{s:?} {events:?}\n"));
                     }
                     text

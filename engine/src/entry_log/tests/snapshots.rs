@@ -283,3 +283,21 @@ fn a_power_loss_at_every_step_of_a_receive_and_install_leaves_the_old_log_or_the
     }
     panic!("the install did not finish within the steps tried");
 }
+
+#[test]
+fn a_manifest_carries_its_refusals_and_reads_the_first_version() {
+    let (_a, leader, _b, _f) = logs();
+    let mut manifest = leader
+        .snapshot(EntryId { term: 1, index: 25 })
+        .expect("snapshot")
+        .manifest;
+    let v1 = manifest.encode();
+    assert_eq!(&v1[..8], b"CLSNAPM1");
+    manifest.refused = Some(vec![EntryId { term: 1, index: 3 }]);
+    let v2 = manifest.encode();
+    assert_eq!(&v2[..8], b"CLSNAPM2");
+    assert_eq!(SnapshotManifest::decode(&v2), Some(manifest.clone()));
+    manifest.refused = None;
+    assert_eq!(SnapshotManifest::decode(&v1), Some(manifest));
+    assert_eq!(SnapshotManifest::decode(&v2[..v2.len() - 1]), None);
+}
