@@ -38,7 +38,7 @@ mod retire;
 mod snapshot;
 
 use cut::Purged;
-pub(crate) use retire::{HeldSegment, Refusals};
+pub(crate) use retire::{HeldSegment, LogBase};
 
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
 pub use snapshot::{LogSnapshot, SnapshotFile, SnapshotManifest, SnapshotStaging, StagedFile};

@@ -76,12 +76,13 @@ pub enum CorruptionKind {
         last: Option<u64>,
     },
     /// A cluster member's log starts after entry 1 (its oldest segments retired, or it was
-    /// installed from a snapshot) but its `REFUSED` file does not say which of the entries
-    /// before that point its apply refused, so its state cannot be rebuilt exactly.
-    RefusalsUnknown {
+    /// installed from a snapshot) but its `BASE` file does not account for the entries
+    /// before that point (which its apply refused, the membership), so its state cannot be
+    /// rebuilt exactly.
+    LogBaseUnknown {
         /// The first entry the log holds.
         first: u64,
-        /// The last entry `REFUSED` accounts for (0: none).
+        /// The last entry `BASE` accounts for (0: none).
         through: u64,
     },
 }
@@ -129,9 +130,9 @@ impl std::fmt::Display for CorruptionKind {
                  it back (`cluster add-learner`, then `cluster promote`)",
                 last.map_or_else(|| "none".to_owned(), |l| l.to_string())
             ),
-            Self::RefusalsUnknown { first, through } => write!(
+            Self::LogBaseUnknown { first, through } => write!(
                 f,
-                "the log starts at entry {first} but REFUSED accounts only for entries up to \
+                "the log starts at entry {first} but BASE accounts only for entries up to \
                  {through}: the state cannot be rebuilt exactly. Wipe this member's data \
                  directory and start it again: it catches up from its peers"
             ),

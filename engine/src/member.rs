@@ -13,14 +13,14 @@
 //! The leader decides what to evict, carry forward and forget, and proposes it as entries
 //! (`retention::run_pass`, as a single node plans it); what each member unlinks is its own
 //! segments' business, decided from its index, which apply keeps identical everywhere.
-//! Before a segment goes, `REFUSED` records the refusals through the entry applied
-//! (`entry_log/retire.rs` says why).
+//! Before a segment goes, `BASE` records the refusals through the entry applied and the
+//! membership (`entry_log/retire.rs` says why).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::entry_log::{EntryId, EntryLog, Refusals};
+use crate::entry_log::{EntryId, EntryLog, LogBase};
 use crate::error::Result;
 use crate::index::{origin_key, KvRead, Txn};
 use crate::propose::Proposer;
@@ -83,11 +83,12 @@ pub(crate) fn retire_purged(shared: &Shared, replica: &Replica) -> Result<usize>
     if retire.is_empty() {
         return Ok(0);
     }
-    // Refusals first, through the entry applied: a rebuild after the unlink replays the
-    // entries up to it as they were applied.
-    replica.log.save_refusals(&Refusals {
+    // The base first, through the entry applied: a rebuild after the unlink replays the
+    // entries up to it as they were applied, under the membership then in force.
+    replica.log.save_base(&LogBase {
         through: applied,
-        entries: state.refused.clone(),
+        refused: state.refused.clone(),
+        membership: state.progress.membership.clone(),
     })?;
     let mut txn = Txn::new(&shared.index);
     for stream in &streams {

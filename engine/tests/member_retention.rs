@@ -1,8 +1,8 @@
 //! Retention on a cluster member (issue 19 item 4): the leader decides evictions and
 //! carry-forwards and proposes them; a member unlinks only segments that are dead *and*
-//! purged (covered by a snapshot), records its refusals first, and rebuilds exactly the
-//! same state from the shortened log at its next open, or on a member that installs the
-//! snapshot. Here the "cluster" is a one-node proposer over the node's own `EntryLog`
+//! purged (covered by a snapshot), records its refusals and membership first (`BASE`), and
+//! rebuilds exactly the same state from the shortened log at its next open, or on a member
+//! that installs the snapshot. Here the "cluster" is a one-node proposer over the node's own `EntryLog`
 //! (commit = append), so the real planner, apply rules, entry log and rebuild run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -167,6 +167,11 @@ fn a_member_retires_only_purged_dead_segments_and_rebuilds_the_same_state_from_w
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
     let (leader, node) = open(dir.path(), &clock);
+    // The cluster's membership is the log's first entry, in a segment that will retire.
+    let membership = node.commit(vec![EntryPayload::Membership(b"members 1,2,3".to_vec())]);
+    leader.apply_committed(membership).unwrap();
+    let members = leader.applied().unwrap().membership;
+    assert!(members.is_some());
     let live = workload(&leader, &node, &clock);
     let before = segment_files(dir.path());
     assert!(before.len() > 6, "{} segments", before.len());
@@ -215,26 +220,34 @@ fn a_member_retires_only_purged_dead_segments_and_rebuilds_the_same_state_from_w
     let (follower, follower_node) = open(other.path(), &clock);
     install(&follower, taken);
     assert_eq!(describe(&follower), served);
+    assert_eq!(follower.applied().unwrap().membership, members);
     close(follower, &follower_node);
     drop(follower_node);
     let (follower, follower_node) = open(other.path(), &clock);
     assert_eq!(describe(&follower), served, "and after its own restart");
+    assert_eq!(follower.applied().unwrap().membership, members);
     close(follower, &follower_node);
 
-    // A restart rebuilds from the shortened log: without the refusals recorded before the
-    // unlink, the refused open would apply this time (another stream would appear).
+    // A restart rebuilds from the shortened log: without the refusals recorded in BASE
+    // before the unlink, the refused open would apply this time (another stream would
+    // appear), and without its membership the member would not know its cluster.
     close(leader, &node);
     drop(node);
     let (reopened, node) = open(dir.path(), &clock);
     assert_eq!(describe(&reopened), served);
+    assert_eq!(
+        reopened.applied().unwrap().membership,
+        members,
+        "the membership outlives the segment that held it"
+    );
     // And it goes on: a live stream takes its next event.
     append_range(&reopened, "new", live[0], 11, 11);
     close(reopened, &node);
     drop(node);
 
-    // Without REFUSED the shortened log cannot be rebuilt exactly: the member refuses to
-    // open and says how to recover, instead of serving a guess.
-    std::fs::remove_file(dir.path().join("REFUSED")).unwrap();
+    // Without BASE the shortened log cannot be rebuilt exactly: the member refuses to open
+    // and says how to recover, instead of serving a guess.
+    std::fs::remove_file(dir.path().join("BASE")).unwrap();
     let log = EntryLog::open(EntryLogConfig {
         dir: dir.path().to_path_buf(),
         segment_bytes_max: SMALL_SEGMENT,

@@ -39,7 +39,7 @@ pub use log_store::SegmentLogStore;
 pub use network::{ClientOptions, NetworkClient, NetworkFactory, OptionsError};
 pub use node::{NodeOptions, NodeStatus, RaftProposer, ReplicatedNode, StartError};
 pub use service::{InMemorySnapshots, RaftService, SnapshotSink};
-pub use snapshot::{SegmentSnapshot, SnapshotSpool};
+pub use snapshot::{SegmentSnapshot, SnapshotPolicy, SnapshotSpool};
 pub use state_machine::EngineStateMachine;
 pub use types::{
     ApplyResult, ClusterTiming, Entry, LogId, NodeId, Proposal, Raft, RaftNode, TypeConfig, Vote,

@@ -43,6 +43,8 @@ pub struct NodeOptions {
     pub client: ClientOptions,
     /// How long a proposal or a linearizable read may wait for the cluster.
     pub request_timeout: Duration,
+    /// When the node snapshots and how much log it keeps below a snapshot.
+    pub snapshots: crate::snapshot::SnapshotPolicy,
 }
 
 /// Why a node did not start.
@@ -138,7 +140,8 @@ impl ReplicatedNode {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))??
         };
-        let config = crate::snapshot::with_policy(options.timing.config("cursorlog")?)?;
+        let config =
+            crate::snapshot::with_policy(options.timing.config("cursorlog")?, options.snapshots)?;
         let raft = Raft::new(
             options.id,
             Arc::new(config),

@@ -42,29 +42,50 @@ const MAGIC: &[u8; 8] = b"CLSNAPS1";
 /// The copy buffer of an install (bounded memory per snapshot).
 const COPY_BYTES: usize = 1 << 20;
 
-/// A member builds a snapshot every this many entries: taking one opens the segment files,
-/// nothing is copied or written.
+/// A member builds a snapshot every this many entries by default: taking one opens the
+/// segment files, nothing is copied or written.
 pub const SNAPSHOT_EVERY_ENTRIES: u64 = 10_000;
 
-/// Entries openraft keeps below the last snapshot when it purges: a member less far behind
-/// (a restart) is sent entries (AppendEntries); one further behind (wiped, or down for
-/// long) is sent the segment files, as issue 19 item 4 asks. Per GiB the two measured about
-/// alike on a shared 2-core machine (9–20 s/GiB each, benches/README.md "Catch-up of a
-/// wiped member"). Retention unlinks only purged segments (`engine/src/member.rs`),
-/// so these entries are also what a member keeps beyond the retention bound.
+/// Entries openraft keeps below the last snapshot when it purges, by default: a member less
+/// far behind (a restart) is sent entries (AppendEntries); one further behind (wiped, or
+/// down for long) is sent the segment files, as issue 19 item 4 asks. Per GiB the two
+/// measured about alike on a shared 2-core machine (9–20 s/GiB each, benches/README.md
+/// "Catch-up of a wiped member").
 pub const KEEP_BELOW_SNAPSHOT_ENTRIES: u64 = 10_000;
 
-/// `config` with cursorlog's snapshot policy (a snapshot every [`SNAPSHOT_EVERY_ENTRIES`],
-/// [`KEEP_BELOW_SNAPSHOT_ENTRIES`] kept below it), validated. [`crate::ClusterTiming`]'s
-/// config asks for no snapshot (`SnapshotPolicy::Never`, for stores without this module's
-/// snapshots); a member started by [`crate::ReplicatedNode`] uses this one.
+/// When a member snapshots and how much of its log it keeps below the snapshot. Retention
+/// unlinks only purged segments (`engine/src/member.rs`), so a member's log holds, beyond
+/// the retention bound, up to about `every + keep_below` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// A snapshot every this many entries (at least 1).
+    pub every: u64,
+    /// Entries kept below the last snapshot when the log is purged.
+    pub keep_below: u64,
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        Self {
+            every: SNAPSHOT_EVERY_ENTRIES,
+            keep_below: KEEP_BELOW_SNAPSHOT_ENTRIES,
+        }
+    }
+}
+
+/// `config` with snapshot policy `policy`, validated. [`crate::ClusterTiming`]'s config asks
+/// for no snapshot (`SnapshotPolicy::Never`, for stores without this module's snapshots); a
+/// member started by [`crate::ReplicatedNode`] uses this one.
 ///
 /// # Errors
 /// openraft refuses the result.
-pub fn with_policy(config: openraft::Config) -> Result<openraft::Config, openraft::ConfigError> {
+pub fn with_policy(
+    config: openraft::Config,
+    policy: SnapshotPolicy,
+) -> Result<openraft::Config, openraft::ConfigError> {
     openraft::Config {
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
-        max_in_snapshot_log_to_keep: KEEP_BELOW_SNAPSHOT_ENTRIES,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(policy.every.max(1)),
+        max_in_snapshot_log_to_keep: policy.keep_below,
         ..config
     }
     .validate()
@@ -345,7 +366,11 @@ mod tests {
 
     #[test]
     fn a_member_snapshots_every_n_entries_and_keeps_n_below_the_snapshot() {
-        let config = with_policy(crate::ClusterTiming::default().config("t").unwrap()).unwrap();
+        let config = with_policy(
+            crate::ClusterTiming::default().config("t").unwrap(),
+            SnapshotPolicy::default(),
+        )
+        .unwrap();
         assert!(matches!(
             config.snapshot_policy,
             openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES)

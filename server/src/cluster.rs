@@ -84,6 +84,16 @@ pub struct ClusterArgs {
     /// cluster sharing one self-signed certificate].
     #[arg(long, env = "CURSORLOG_PEER_CA")]
     pub peer_ca: Option<std::path::PathBuf>,
+    /// Replication: a member snapshots its log every this many entries. A snapshot costs
+    /// opening the segment files; a member more than `--snapshot-keep-entries` behind is sent
+    /// one instead of entries. Retention deletes a segment only once a snapshot covers it.
+    #[arg(long, env = "CURSORLOG_SNAPSHOT_EVERY_ENTRIES", default_value_t = cursorlog_replication::snapshot::SNAPSHOT_EVERY_ENTRIES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub snapshot_every_entries: u64,
+    /// Replication: entries a member keeps below its last snapshot (a member that restarts
+    /// within them catches up by entries). With `--snapshot-every-entries`, how far beyond
+    /// the retention bound a member's log may grow.
+    #[arg(long, env = "CURSORLOG_SNAPSHOT_KEEP_ENTRIES", default_value_t = cursorlog_replication::snapshot::KEEP_BELOW_SNAPSHOT_ENTRIES)]
+    pub snapshot_keep_entries: u64,
 }
 
 /// `ID=HOST:PORT`.
@@ -202,6 +212,10 @@ pub async fn start(args: &ServeArgs, config: Config) -> Result<Option<Replicated
         },
         client,
         request_timeout: Duration::from_secs(10),
+        snapshots: cursorlog_replication::SnapshotPolicy {
+            every: args.cluster.snapshot_every_entries,
+            keep_below: args.cluster.snapshot_keep_entries,
+        },
     })
     .await
     .map_err(|e| format!("cannot start cluster member {id} on {}: {e}", dir.display()))?;

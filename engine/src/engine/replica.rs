@@ -12,7 +12,7 @@
 //!
 //! The index is rebuilt from the log at open and after a snapshot install, up to the
 //! committed entry. Once retention dropped the oldest segments (`member.rs`), the entries
-//! up to the point `REFUSED` accounts for are replayed without the rules, skipping the
+//! up to the point `BASE` accounts for are replayed without the rules, skipping the
 //! entries apply refused the first time (`entry_log/retire.rs` says why), and the rest are
 //! checked as they were the first time. An engine opened without a proposer takes no
 //! writes (every write call answers [`Error::NotLeader`]).
@@ -24,7 +24,7 @@ use super::{Engine, Inner};
 use crate::background::{spawn_index_flusher, spawn_maintenance};
 use crate::config::Config;
 use crate::entry_log::read::PlacedFrame;
-use crate::entry_log::{EntryId, EntryLog, Refusals};
+use crate::entry_log::{EntryId, EntryLog, LogBase};
 use crate::error::{Error, Result};
 use crate::index::{Index, Txn};
 use crate::mailbox::{Inbox, Request};
@@ -142,28 +142,31 @@ impl Engine {
     }
 
     /// Rebuilds the (empty) index from the log through entry `through`: without the apply
-    /// rules up to the entry `REFUSED` accounts for, skipping the entries it lists, then
-    /// with them (see the module's doc).
+    /// rules up to the entry `BASE` accounts for, skipping the entries it lists as refused,
+    /// then with them; the membership starts as `BASE` records it (see the module's doc).
     ///
     /// # Errors
-    /// The log no longer starts at entry 1 and `REFUSED` does not account for the entries
-    /// before it ([`CorruptionKind::RefusalsUnknown`]); as [`Engine::apply_committed`].
+    /// The log no longer starts at entry 1 and `BASE` does not account for the entries
+    /// before it ([`CorruptionKind::LogBaseUnknown`]); as [`Engine::apply_committed`].
+    ///
+    /// [`CorruptionKind::LogBaseUnknown`]: crate::CorruptionKind::LogBaseUnknown
     fn rebuild(&self, through: u64) -> Result<Applied> {
         let replica = self.replica()?;
-        let refusals = replica.log.refusals()?;
+        let base = replica.log.base()?;
         if let Some(first) = replica.log.first_entry() {
-            if first > 1 && refusals.through + 1 < first {
+            if first > 1 && base.through + 1 < first {
                 return Err(Error::Corruption {
                     segment: replica.log.dir(),
                     offset: 0,
-                    kind: crate::error::CorruptionKind::RefusalsUnknown {
+                    kind: crate::error::CorruptionKind::LogBaseUnknown {
                         first,
-                        through: refusals.through,
+                        through: base.through,
                     },
                 });
             }
         }
-        let mut out = self.apply_through(refusals.through.min(through), Some(&refusals))?;
+        replica.lock().progress.membership = base.membership.clone();
+        let mut out = self.apply_through(base.through.min(through), Some(&base))?;
         let checked = self.apply_through(through, None)?;
         out.entries += checked.entries;
         out.refused.extend(checked.refused);
@@ -191,7 +194,7 @@ impl Engine {
     /// Applies the entries after the last one applied through entry `through`: checked
     /// with the apply rules, or (`replay` given) replayed as they were applied before,
     /// skipping the entries it lists as refused.
-    fn apply_through(&self, through: u64, replay: Option<&Refusals>) -> Result<Applied> {
+    fn apply_through(&self, through: u64, replay: Option<&LogBase>) -> Result<Applied> {
         let shared = &self.inner.shared;
         let replica = self.replica()?;
         let mut state = replica.lock();
@@ -271,6 +274,7 @@ impl Engine {
                 .copied()
                 .collect(),
         );
+        taken.manifest.membership = state.progress.membership.clone();
         Ok(Some((taken, state.progress.clone())))
     }
 

@@ -1,8 +1,9 @@
 //! What a member needs to drop the oldest segments of its log (retention on a cluster,
 //! issue 19 item 4): the list of sealed segments with the entries they hold, the unlinking
-//! of a prefix of them, and the `REFUSED` file.
+//! of a prefix of them, and the `BASE` file: what a rebuild needs from before the log's
+//! first entry.
 //!
-//! **Why `REFUSED`.** A member's index is rebuilt from its log at every start and after a
+//! **Why `BASE`.** A member's index is rebuilt from its log at every start and after a
 //! snapshot install. Apply refuses a committed entry whose records do not fit the state
 //! before it (`validate.rs`); replaying the log through the same rules repeats every
 //! refusal, but only from the log's first entry: once the oldest segments are gone, the
@@ -11,8 +12,9 @@
 //! apply refused, through which entry (`through`), before it unlinks a segment; a rebuild
 //! then applies the entries up to `through` without the rules (as a single node's recovery
 //! replays its log), skipping the refused ones, and checks the entries after `through` as
-//! they were checked the first time. A snapshot carries the refusals among its entries,
-//! and its install writes them as the receiver's `REFUSED` (FORMAT.md, "REFUSED").
+//! they were checked the first time. The cluster's membership, an entry too, may lie in a
+//! retired segment: `BASE` keeps the last one applied. A snapshot carries both, and its
+//! install writes them as the receiver's `BASE` (FORMAT.md, "Retention on a cluster").
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,61 +24,118 @@ use crate::error::{CorruptionKind, Error, Result};
 use crate::log::durable_file::{self, Read};
 use crate::log::Segment;
 
-/// The refusals' file.
-pub(crate) const REFUSED_FILE: &str = "REFUSED";
-/// `REFUSED`'s first bytes.
-const REFUSED_MAGIC: &[u8; 8] = b"CLREFUS1";
+/// The base's file.
+pub(crate) const BASE_FILE: &str = "BASE";
+/// `BASE`'s first bytes.
+const BASE_MAGIC: &[u8; 8] = b"CLBASE01";
 
-/// The entries a member's apply refused among entries `..= through` of its log.
+/// A membership entry's id and its configuration (opaque to the engine).
+pub type Membership = (EntryId, Vec<u8>);
+
+/// What a rebuild needs from before a member's first entry: the refusals among entries
+/// `..= through`, and the last membership applied through it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Refusals {
-    /// The last entry the list accounts for (0: none; every entry is checked on replay).
+pub struct LogBase {
+    /// The last entry the base accounts for (0: none; every entry is checked on replay).
     pub through: u64,
     /// The refused entries, ascending.
-    pub entries: Vec<EntryId>,
+    pub refused: Vec<EntryId>,
+    /// The last membership entry applied, with its configuration (opaque to the engine).
+    pub membership: Option<Membership>,
 }
 
-impl Refusals {
-    /// `REFUSED`'s bytes: magic, `through`, count, then per entry its term and index; all
-    /// u64 little-endian.
+impl LogBase {
+    /// `BASE`'s bytes: magic, `through`, then [`encode_tail`]'s refusals and membership.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut b = REFUSED_MAGIC.to_vec();
+        let mut b = BASE_MAGIC.to_vec();
         b.extend_from_slice(&self.through.to_le_bytes());
-        b.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        for id in &self.entries {
-            b.extend_from_slice(&id.term.to_le_bytes());
-            b.extend_from_slice(&id.index.to_le_bytes());
-        }
+        encode_tail(&self.refused, self.membership.as_ref(), &mut b);
         b
     }
 
-    /// Decodes [`Refusals::encode`]'s bytes (`None` if they are not that).
+    /// Decodes [`LogBase::encode`]'s bytes (`None` if they are not that).
     pub(crate) fn decode(b: &[u8]) -> Option<Self> {
-        let word = |i: usize| {
-            b.get(8 + i * 8..16 + i * 8)
-                .and_then(|s| s.try_into().ok())
-                .map(u64::from_le_bytes)
-        };
-        (b.get(..8)? == REFUSED_MAGIC).then_some(())?;
-        let through = word(0)?;
-        let count = usize::try_from(word(1)?).ok()?;
-        (b.len() == 24usize.checked_add(count.checked_mul(16)?)?).then_some(())?;
-        let entries = (0..count)
-            .map(|i| {
-                Some(EntryId {
-                    term: word(2 + 2 * i)?,
-                    index: word(3 + 2 * i)?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(Self { through, entries })
+        let mut r = Fields(b);
+        (r.take(8)? == BASE_MAGIC).then_some(())?;
+        let through = r.u64()?;
+        let (refused, membership) = decode_tail(&mut r)?;
+        r.0.is_empty().then_some(Self {
+            through,
+            refused,
+            membership,
+        })
     }
 
-    /// Whether entry `index` is listed.
+    /// Whether entry `index` is listed as refused.
     pub(crate) fn refused(&self, index: u64) -> bool {
-        self.entries
+        self.refused
             .binary_search_by_key(&index, |id| id.index)
             .is_ok()
+    }
+}
+
+/// Appends the refusals (count, then term and index each) and the membership (a `u8` flag,
+/// then term, index, `u32` length and the configuration) as `BASE` and a snapshot manifest
+/// lay them out; integers little-endian.
+pub(crate) fn encode_tail(refused: &[EntryId], membership: Option<&Membership>, b: &mut Vec<u8>) {
+    b.extend_from_slice(&(refused.len() as u64).to_le_bytes());
+    for id in refused {
+        b.extend_from_slice(&id.term.to_le_bytes());
+        b.extend_from_slice(&id.index.to_le_bytes());
+    }
+    match membership {
+        None => b.push(0),
+        Some((id, config)) => {
+            b.push(1);
+            b.extend_from_slice(&id.term.to_le_bytes());
+            b.extend_from_slice(&id.index.to_le_bytes());
+            b.extend_from_slice(
+                &u32::try_from(config.len())
+                    .unwrap_or(u32::MAX)
+                    .to_le_bytes(),
+            );
+            b.extend_from_slice(config);
+        }
+    }
+}
+
+/// Reads what [`encode_tail`] wrote.
+pub(crate) fn decode_tail(r: &mut Fields<'_>) -> Option<(Vec<EntryId>, Option<Membership>)> {
+    let count = r.u64()?;
+    let mut refused = Vec::new();
+    for _ in 0..count {
+        refused.push(EntryId {
+            term: r.u64()?,
+            index: r.u64()?,
+        });
+    }
+    let membership = match r.take(1)? {
+        [0] => None,
+        [1] => {
+            let id = EntryId {
+                term: r.u64()?,
+                index: r.u64()?,
+            };
+            let len = usize::try_from(u32::from_le_bytes(r.take(4)?.try_into().ok()?)).ok()?;
+            Some((id, r.take(len)?.to_vec()))
+        }
+        _ => return None,
+    };
+    Some((refused, membership))
+}
+
+/// A reader of little-endian fields.
+pub(crate) struct Fields<'a>(pub(crate) &'a [u8]);
+
+impl<'a> Fields<'a> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = rest;
+        Some(head)
+    }
+
+    pub(crate) fn u64(&mut self) -> Option<u64> {
+        self.take(8)?.try_into().ok().map(u64::from_le_bytes)
     }
 }
 
@@ -162,37 +221,32 @@ impl EntryLog {
         Ok(paths)
     }
 
-    /// The refusals recorded in `REFUSED` (none when it is missing).
+    /// The base recorded in `BASE` (an empty one when it is missing).
     ///
     /// # Errors
-    /// The file is damaged ([`CorruptionKind::BadBody`]: the refusals are unknown); I/O
-    /// failures.
-    pub(crate) fn refusals(&self) -> Result<Refusals> {
+    /// The file is damaged ([`CorruptionKind::BadBody`]: what the log no longer holds is
+    /// unknown); I/O failures.
+    pub(crate) fn base(&self) -> Result<LogBase> {
         let inner = self.lock();
         let damaged = || Error::Corruption {
-            segment: inner.dir.join(REFUSED_FILE),
+            segment: inner.dir.join(BASE_FILE),
             offset: 0,
-            kind: CorruptionKind::BadBody("the REFUSED file does not decode".into()),
+            kind: CorruptionKind::BadBody("the BASE file does not decode".into()),
         };
-        match durable_file::read(inner.fs.as_ref(), &inner.dir, REFUSED_FILE)? {
-            Read::Missing => Ok(Refusals::default()),
-            Read::Body(b) => Refusals::decode(&b).ok_or_else(damaged),
+        match durable_file::read(inner.fs.as_ref(), &inner.dir, BASE_FILE)? {
+            Read::Missing => Ok(LogBase::default()),
+            Read::Body(b) => LogBase::decode(&b).ok_or_else(damaged),
             Read::Damaged => Err(damaged()),
         }
     }
 
-    /// Records `refusals` durably in `REFUSED` (temp file, fsync, rename, directory fsync).
+    /// Records `base` durably in `BASE` (temp file, fsync, rename, directory fsync).
     ///
     /// # Errors
     /// I/O failures (the old file stands).
-    pub(crate) fn save_refusals(&self, refusals: &Refusals) -> Result<()> {
+    pub(crate) fn save_base(&self, base: &LogBase) -> Result<()> {
         let inner = self.lock();
-        durable_file::write(
-            inner.fs.as_ref(),
-            &inner.dir,
-            REFUSED_FILE,
-            &refusals.encode(),
-        )
+        durable_file::write(inner.fs.as_ref(), &inner.dir, BASE_FILE, &base.encode())
     }
 }
 
@@ -202,22 +256,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn refusals_round_trip_and_reject_bad_bytes() {
-        let r = Refusals {
+    fn a_base_round_trips_and_bad_bytes_are_refused() {
+        let base = LogBase {
             through: 42,
-            entries: vec![
+            refused: vec![
                 EntryId { term: 2, index: 7 },
                 EntryId { term: 3, index: 40 },
             ],
+            membership: Some((EntryId { term: 1, index: 1 }, b"members".to_vec())),
         };
-        let b = r.encode();
-        assert_eq!(Refusals::decode(&b), Some(r.clone()));
-        assert!(r.refused(7) && r.refused(40) && !r.refused(8));
-        assert_eq!(Refusals::decode(&b[..b.len() - 1]), None);
+        let b = base.encode();
+        assert_eq!(LogBase::decode(&b), Some(base.clone()));
+        assert!(base.refused(7) && base.refused(40) && !base.refused(8));
+        assert_eq!(LogBase::decode(&b[..b.len() - 1]), None);
         let mut wrong = b.clone();
         wrong[0] ^= 1;
-        assert_eq!(Refusals::decode(&wrong), None);
-        let empty = Refusals::default();
-        assert_eq!(Refusals::decode(&empty.encode()), Some(empty));
+        assert_eq!(LogBase::decode(&wrong), None);
+        let empty = LogBase::default();
+        assert_eq!(LogBase::decode(&empty.encode()), Some(empty));
     }
 }

@@ -10,7 +10,7 @@
 //!   directory), and [`EntryLog::install_snapshot`] makes them the log atomically: writing
 //!   the `SNAPSHOT` file (the manifest; temp file, fsync, rename, directory fsync) is the
 //!   commit point; after it the old segments are unlinked, the staged ones renamed in,
-//!   `PURGED`, `COMMITTED` and `REFUSED` written, `SNAPSHOT` removed, and the log goes on after the
+//!   `PURGED`, `COMMITTED` and `BASE` written, `SNAPSHOT` removed, and the log goes on after the
 //!   snapshot's last entry **at the LSN the snapshot carries**, so every replica gives every
 //!   record the same LSN. An open that finds `SNAPSHOT` finishes the install; one that finds
 //!   staged files without it drops them (the old log stands). FORMAT.md, "Snapshots".
@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::cut::Purged;
 use super::read::frame_header;
-use super::retire::{Refusals, REFUSED_FILE};
+use super::retire::{decode_tail, encode_tail, Fields, LogBase, BASE_FILE};
 use super::{
     encode_entry_id, EntryId, EntryLog, Inner, SegmentEntries, COMMITTED_FILE, PURGED_FILE,
 };
@@ -53,11 +53,14 @@ pub struct SnapshotManifest {
     pub next_lsn: u64,
     /// The segment files, oldest first: name (`<base LSN>.seg`) and length in bytes.
     pub files: Vec<(String, u64)>,
-    /// The entries among the files' that the sender's apply refused (`entry_log/retire.rs`): the
+    /// The entries among the files' that the sender's apply refused (`retire.rs`): the
     /// receiver skips them when it rebuilds its index. `None` from a sender of the first
     /// manifest version, whose snapshots always start at entry 1 (the receiver then checks
     /// every entry as it replays).
     pub refused: Option<Vec<EntryId>>,
+    /// The last membership entry applied through `last`, with its configuration: the
+    /// snapshot's files may no longer hold it (`None` from a first-version sender).
+    pub membership: Option<(EntryId, Vec<u8>)>,
 }
 
 impl SnapshotManifest {
@@ -67,9 +70,9 @@ impl SnapshotManifest {
     }
 
     /// The manifest's bytes: magic, last term, last index, next LSN, file count, then per
-    /// file its length, name length (u32) and name, then the refused entries' count and
-    /// per entry its term and index; integers little-endian. Without refusals (`None`) it
-    /// is the first version's manifest (`CLSNAPM1`, no refusal list).
+    /// file its length, name length (u32) and name, then (version 2) the refused entries and
+    /// the membership as `BASE` lays them out; integers little-endian. Without refusals
+    /// (`None`) it is the first version's manifest (`CLSNAPM1`, neither).
     pub fn encode(&self) -> Vec<u8> {
         let mut b = match self.refused {
             Some(_) => MANIFEST_MAGIC.to_vec(),
@@ -84,10 +87,7 @@ impl SnapshotManifest {
             b.extend_from_slice(name.as_bytes());
         }
         if let Some(refused) = &self.refused {
-            b.extend_from_slice(&(refused.len() as u64).to_le_bytes());
-            for id in refused {
-                b.extend_from_slice(&encode_entry_id(*id));
-            }
+            encode_tail(refused, self.membership.as_ref(), &mut b);
         }
         b
     }
@@ -113,24 +113,20 @@ impl SnapshotManifest {
             parse_segment_name(&name)?;
             files.push((name, len));
         }
-        let refused = if v1 {
-            None
+        let (refused, membership) = if v1 {
+            (None, None)
         } else {
-            let n = r.u64()?;
-            let mut ids = Vec::new();
-            for _ in 0..n {
-                ids.push(EntryId {
-                    term: r.u64()?,
-                    index: r.u64()?,
-                });
-            }
-            Some(ids)
+            let mut tail = Fields(r.0);
+            let (refused, membership) = decode_tail(&mut tail)?;
+            r.0 = tail.0;
+            (Some(refused), membership)
         };
         r.0.is_empty().then_some(Self {
             last,
             next_lsn,
             files,
             refused,
+            membership,
         })
     }
 }
@@ -376,6 +372,7 @@ impl Inner {
             next_lsn,
             files: Vec::new(),
             refused: None,
+            membership: None,
         };
         let mut files = Vec::new();
         for (&base, entries) in &self.offsets {
@@ -532,19 +529,20 @@ pub(crate) fn finish_install(fs: &dyn FileSystem, dir: &Path, stop: InstallStep)
     };
     durable_file::write(fs, dir, PURGED_FILE, &purged.encode())?;
     durable_file::write(fs, dir, COMMITTED_FILE, &encode_entry_id(manifest.last))?;
-    // The old log's refusals go with it; the snapshot's are the new log's (`entry_log/retire.rs`).
+    // The old log's base goes with it; the snapshot's is the new log's (`retire.rs`).
     match &manifest.refused {
-        Some(entries) => {
-            let refusals = Refusals {
+        Some(refused) => {
+            let base = LogBase {
                 through: manifest.last.index,
-                entries: entries.clone(),
+                refused: refused.clone(),
+                membership: manifest.membership.clone(),
             };
-            durable_file::write(fs, dir, REFUSED_FILE, &refusals.encode())?;
+            durable_file::write(fs, dir, BASE_FILE, &base.encode())?;
         }
         None => {
-            if fs.len(&dir.join(REFUSED_FILE)).is_ok() {
-                fs.remove(&dir.join(REFUSED_FILE))
-                    .map_err(Error::io("removing the REFUSED file"))?;
+            if fs.len(&dir.join(BASE_FILE)).is_ok() {
+                fs.remove(&dir.join(BASE_FILE))
+                    .map_err(Error::io("removing the BASE file"))?;
                 sync_dir(fs, dir)?;
             }
         }

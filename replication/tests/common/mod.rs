@@ -103,6 +103,7 @@ async fn start(
         timing: timing(),
         client: ClientOptions::new(),
         request_timeout: Duration::from_secs(10),
+        snapshots: cursorlog_replication::SnapshotPolicy::default(),
     })
     .await
     .expect("the node starts");

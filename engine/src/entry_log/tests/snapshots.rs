@@ -294,10 +294,12 @@ fn a_manifest_carries_its_refusals_and_reads_the_first_version() {
     let v1 = manifest.encode();
     assert_eq!(&v1[..8], b"CLSNAPM1");
     manifest.refused = Some(vec![EntryId { term: 1, index: 3 }]);
+    manifest.membership = Some((EntryId { term: 1, index: 1 }, b"members".to_vec()));
     let v2 = manifest.encode();
     assert_eq!(&v2[..8], b"CLSNAPM2");
     assert_eq!(SnapshotManifest::decode(&v2), Some(manifest.clone()));
     manifest.refused = None;
+    manifest.membership = None;
     assert_eq!(SnapshotManifest::decode(&v1), Some(manifest));
     assert_eq!(SnapshotManifest::decode(&v2[..v2.len() - 1]), None);
 }
