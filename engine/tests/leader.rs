@@ -1,8 +1,9 @@
 //! The leader side of apply after commit (issue 19 item 2): a replicated node's writer plans
-//! as a single node does, proposes one entry per planned group, and answers from how each
-//! entry settled. Here the "cluster" is a one-node proposer that appends to the node's own
-//! `EntryLog`, commits and applies, so every test runs the real planner, proposal encoding,
-//! entry log and apply rules, without openraft (the replication crate's tests add it).
+//! as a single node does, proposes a batch's groups as entries (merged: see
+//! `leader_batching.rs`), and answers from how each entry settled. Here the "cluster" is a
+//! one-node proposer (`local_cluster`) that appends to the node's own `EntryLog`, commits and
+//! applies, so every test runs the real planner, proposal encoding, entry log and apply
+//! rules, without openraft (the replication crate's tests add it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -34,7 +35,10 @@ fn a_leader_proposing_its_writes_serves_what_a_single_node_serves() {
     history(&leader);
     assert_eq!(describe(&leader), expected);
     let entries = cluster.log.state().last.unwrap().index;
-    assert!(entries > 15, "one entry per planned group: {entries}");
+    assert!(
+        entries > 15,
+        "one entry per batch, one request each: {entries}"
+    );
     close(leader, &cluster);
     drop(cluster);
 
