@@ -23,6 +23,7 @@
 pub mod admin;
 pub mod amnesia;
 pub mod append_limit;
+mod client_options;
 pub mod codec;
 pub mod log_store;
 pub mod network;
