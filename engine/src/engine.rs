@@ -41,6 +41,25 @@ pub struct Engine {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// A handle that does not keep the engine open: for a watcher that must not outlive the
+/// node it watches (the engine's directory lock goes with its last [`Engine`]).
+#[derive(Debug, Clone)]
+pub struct WeakEngine(std::sync::Weak<Inner>);
+
+impl WeakEngine {
+    /// The engine, while some [`Engine`] handle still holds it.
+    pub fn upgrade(&self) -> Option<Engine> {
+        self.0.upgrade().map(|inner| Engine { inner })
+    }
+}
+
+impl Engine {
+    /// A [`WeakEngine`] of this engine.
+    pub fn downgrade(&self) -> WeakEngine {
+        WeakEngine(Arc::downgrade(&self.inner))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
@@ -266,6 +285,13 @@ impl Engine {
                 crate::background::run_member_retention(&self.inner.shared, &tx, replica, leads)
             }
         }
+    }
+
+    /// Whether free disk space is below `disk_reserve_bytes` (appends are refused until
+    /// retention or an operator frees space). A cluster member then snapshots and purges its
+    /// log at once, so retention may delete segments without waiting for the next snapshot.
+    pub fn low_on_disk(&self) -> bool {
+        self.inner.shared.low_disk.load(Ordering::Acquire)
     }
 
     /// Runs one round of the time-driven work now, as the background thread does on its

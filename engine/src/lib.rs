@@ -72,8 +72,8 @@ pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, Retention, SyncPolicy};
 pub use cursor::{Cursor, CursorError};
-pub use engine::Engine;
 pub use engine::{Applied, Progress};
+pub use engine::{Engine, WeakEngine};
 pub use entry_log::{
     EntryId, EntryLog, EntryLogConfig, EntryLogState, EntryPayload, LogEntry, Proposal,
     ProposalError, ProposedRecord,

@@ -30,6 +30,7 @@ pub mod network;
 pub mod node;
 pub mod service;
 pub mod snapshot;
+mod space;
 pub mod state_machine;
 pub mod transfer;
 pub mod types;

@@ -164,6 +164,7 @@ impl ReplicatedNode {
         }
         let vote_guard = VoteGuard::new(fresh);
         vote_guard.lift_when_leading(&raft);
+        crate::space::spawn_space_watch(raft.clone(), &engine);
         if fresh && first != Some(options.id) {
             tracing::info!(
                 "this member has no saved vote: it votes in an election of a running cluster \

@@ -9,7 +9,10 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{blocking, Cluster, SEGMENT_BYTES};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{blocking, Cluster, SEGMENT_BYTES, WAIT};
 use cursorlog_engine::{Engine, NewEvent, OpenStream};
 
 /// The members' log size bound.
@@ -123,5 +126,55 @@ async fn members_retire_what_their_snapshots_cover_and_still_agree_after_restart
         .first_entry()
         .unwrap();
     assert!(first_entry > 1, "the wiped member got the shortened log");
+    cluster.stop().await;
+}
+
+/// The members' disk reserve, read at each start ([`Cluster::start_with`] takes a plain fn).
+static RESERVE: AtomicU64 = AtomicU64::new(0);
+
+/// Short of disk space, appends stop, so no snapshot would come by entry count: the member
+/// snapshots and purges at once, and retention (every tick while space is short) deletes
+/// the dead segments. Without it the logs stayed over the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_short_of_disk_snapshot_and_purge_so_retention_frees_space() {
+    let mut cluster = Cluster::start_with(SEGMENT_BYTES, |c| {
+        c.retention.max_total_bytes = Some(MAX_BYTES);
+        c.disk_reserve_bytes = RESERVE.load(Ordering::Acquire);
+    })
+    .await;
+    let leader = cluster.leader(None).await;
+    let engine = cluster.nodes[&leader].node.engine().clone();
+    blocking(&engine, |e| {
+        for i in 0..6 {
+            workload(e, &format!("old-{i}"), 200, true);
+        }
+    })
+    .await;
+    cluster.agreed(leader).await;
+    drop(engine);
+    // Every member comes back with a reserve no disk has: short of space from the start.
+    RESERVE.store(u64::MAX, Ordering::Release);
+    for id in cluster.nodes.keys().copied().collect::<Vec<_>>() {
+        cluster.nodes.remove(&id).unwrap().stop().await;
+        cluster.restart(id).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let sizes: Vec<u64> = cluster.dirs.values().map(|d| log_bytes(d.path())).collect();
+        if sizes.iter().all(|b| *b <= MAX_BYTES + 2 * SEGMENT_BYTES) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the logs stayed at {sizes:?} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let leader = cluster.leader(None).await;
+    let refused = blocking(cluster.nodes[&leader].node.engine(), |e| {
+        e.open_session("late").map(|_| ())
+    })
+    .await;
+    assert!(refused.is_err(), "still short of space: writes are refused");
     cluster.stop().await;
 }
