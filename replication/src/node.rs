@@ -69,6 +69,9 @@ pub struct ReplicatedNode {
     raft: Raft<EngineStateMachine>,
     proposer: Arc<RaftProposer>,
     vote_guard: VoteGuard,
+    /// The disk-pressure watcher (`space.rs`), stopped before the Raft core at shutdown so
+    /// it holds nothing of the node once [`ReplicatedNode::shutdown`] returns.
+    space_watch: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for ReplicatedNode {
@@ -164,7 +167,10 @@ impl ReplicatedNode {
         }
         let vote_guard = VoteGuard::new(fresh);
         vote_guard.lift_when_leading(&raft);
-        crate::space::spawn_space_watch(raft.clone(), &engine);
+        let space_watch = Arc::new(Mutex::new(Some(crate::space::spawn_space_watch(
+            raft.clone(),
+            &engine,
+        ))));
         if fresh && first != Some(options.id) {
             tracing::info!(
                 "this member has no saved vote: it votes in an election of a running cluster \
@@ -177,6 +183,7 @@ impl ReplicatedNode {
             raft,
             proposer,
             vote_guard,
+            space_watch,
         })
     }
 
@@ -294,6 +301,15 @@ impl ReplicatedNode {
     /// # Errors
     /// The engine's close failed (its index could not be flushed).
     pub async fn shutdown(self) -> Result<(), cursorlog_engine::Error> {
+        let watch = self
+            .space_watch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(watch) = watch {
+            watch.abort();
+            let _ = watch.await;
+        }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not shut down cleanly");
         }

@@ -18,9 +18,12 @@ use crate::types::Raft;
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 
 /// Watches `engine`'s free-space flag and snapshots and purges `raft`'s log while it is low;
-/// ends when the Raft core stops or the engine closes (it holds no engine handle between
-/// checks, so a restart on the same directory never waits for it).
-pub(crate) fn spawn_space_watch(raft: Raft<EngineStateMachine>, engine: &Engine) {
+/// ends when the Raft core stops or the engine closes, or when the node aborts it at
+/// shutdown (it holds a Raft handle, and an engine handle only while it checks).
+pub(crate) fn spawn_space_watch(
+    raft: Raft<EngineStateMachine>,
+    engine: &Engine,
+) -> tokio::task::JoinHandle<()> {
     let engine = engine.downgrade();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(CHECK_EVERY);
@@ -68,5 +71,5 @@ pub(crate) fn spawn_space_watch(raft: Raft<EngineStateMachine>, engine: &Engine)
                 return;
             }
         }
-    });
+    })
 }
