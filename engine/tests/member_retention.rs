@@ -2,89 +2,27 @@
 //! carry-forwards and proposes them; a member unlinks only segments that are dead *and*
 //! purged (covered by a snapshot), records its refusals and membership first (`BASE`), and
 //! rebuilds exactly the same state from the shortened log at its next open, or on a member
-//! that installs the snapshot. Here the "cluster" is a one-node proposer over the node's own `EntryLog`
-//! (commit = append), so the real planner, apply rules, entry log and rebuild run.
+//! that installs the snapshot. Here the "cluster" is the one-node proposer of the leader
+//! tests (`local_cluster`) over a log of small segments, so the real planner, apply rules,
+//! entry log and rebuild run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod local_cluster;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::history::describe;
 use common::{append_range, new_stream, segment_files, SMALL_SEGMENT};
 use cursorlog_engine::{
-    Config, Engine, EntryId, EntryLog, EntryLogConfig, EntryPayload, LogEntry, ManualClock,
-    Proposal, Proposed, Proposer, Settle, StreamState, SyncPolicy,
+    Config, Engine, EntryLog, EntryLogConfig, EntryPayload, ManualClock, StreamState, SyncPolicy,
 };
+use local_cluster::{close, LocalCluster};
 
 const T0: u64 = 1_800_000_000_000;
-
-/// Commits each proposal at once (term 1) and applies it; can slip a blank entry in first.
-#[derive(Debug)]
-struct OneNode {
-    log: EntryLog,
-    engine: Mutex<Option<Engine>>,
-    blank_first: AtomicBool,
-}
-
-impl OneNode {
-    fn commit(&self, payloads: Vec<EntryPayload>) -> u64 {
-        let next = self.log.state().last.map_or(1, |id| id.index + 1);
-        let entries: Vec<LogEntry> = payloads
-            .into_iter()
-            .enumerate()
-            .map(|(i, payload)| LogEntry {
-                id: EntryId {
-                    term: 1,
-                    index: next + i as u64,
-                },
-                payload,
-            })
-            .collect();
-        let last = entries.last().unwrap().id;
-        self.log.append(&entries).unwrap();
-        self.log.save_committed(last).unwrap();
-        last.index
-    }
-}
-
-impl Proposer for OneNode {
-    fn prepare(&self) -> Result<u64, Proposed> {
-        Ok(1)
-    }
-
-    fn leads(&self) -> bool {
-        true
-    }
-
-    fn propose(&self, entries: Vec<Proposal>, settle: Settle) {
-        if entries.is_empty() {
-            return settle.settle(Vec::new());
-        }
-        let engine = self.engine.lock().unwrap().clone().unwrap();
-        if self.blank_first.swap(false, Ordering::AcqRel) {
-            let blank = self.commit(vec![EntryPayload::Blank]);
-            engine.apply_committed(blank).unwrap();
-        }
-        let n = entries.len();
-        let last = self.commit(entries.into_iter().map(EntryPayload::Records).collect());
-        let applied = engine.apply_committed(last).unwrap();
-        let first = last + 1 - n as u64;
-        settle.settle(
-            (first..=last)
-                .map(
-                    |i| match applied.refused.iter().find(|(id, _)| id.index == i) {
-                        Some((_, why)) => Proposed::Refused(why.clone()),
-                        None => Proposed::Applied,
-                    },
-                )
-                .collect(),
-        );
-    }
-}
 
 fn config(dir: &Path, clock: &Arc<ManualClock>) -> Config {
     let mut c = common::config(dir, SyncPolicy::Always, SMALL_SEGMENT);
@@ -95,17 +33,13 @@ fn config(dir: &Path, clock: &Arc<ManualClock>) -> Config {
     c
 }
 
-fn open(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, Arc<OneNode>) {
+fn open(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, Arc<LocalCluster>) {
     let log = EntryLog::open(EntryLogConfig {
         dir: dir.to_path_buf(),
         segment_bytes_max: SMALL_SEGMENT,
     })
     .unwrap();
-    let node = Arc::new(OneNode {
-        log: log.clone(),
-        engine: Mutex::new(None),
-        blank_first: AtomicBool::new(false),
-    });
+    let node = LocalCluster::new(log.clone());
     let engine = Engine::open_replicated(config(dir, clock), &log, Arc::clone(&node) as _).unwrap();
     *node.engine.lock().unwrap() = Some(engine.clone());
     (engine, node)
@@ -123,14 +57,9 @@ fn install(member: &Engine, taken: cursorlog_engine::LogSnapshot) {
     member.install_snapshot(staging).unwrap();
 }
 
-fn close(engine: Engine, node: &OneNode) {
-    node.engine.lock().unwrap().take();
-    engine.close().unwrap();
-}
-
 /// Old streams (evicted by age), then an entry the apply rules refuse, then live streams.
 /// Returns the live stream ids.
-fn workload(e: &Engine, node: &OneNode, clock: &ManualClock) -> Vec<u64> {
+fn workload(e: &Engine, node: &LocalCluster, clock: &ManualClock) -> Vec<u64> {
     for i in 0..8 {
         let session = format!("old-{i}");
         let (_, stream) = new_stream(e, &session, Some("req"));
@@ -168,8 +97,9 @@ fn a_member_retires_only_purged_dead_segments_and_rebuilds_the_same_state_from_w
     let clock = Arc::new(ManualClock::new(T0));
     let (leader, node) = open(dir.path(), &clock);
     // The cluster's membership is the log's first entry, in a segment that will retire.
-    let membership = node.commit(vec![EntryPayload::Membership(b"members 1,2,3".to_vec())]);
-    leader.apply_committed(membership).unwrap();
+    let membership =
+        node.append_committed(vec![EntryPayload::Membership(b"members 1,2,3".to_vec())]);
+    leader.apply_committed(membership[0].index).unwrap();
     let members = leader.applied().unwrap().membership;
     assert!(members.is_some());
     let live = workload(&leader, &node, &clock);

@@ -52,6 +52,11 @@ fn workload(e: &Engine, session: &str, n: u64, complete: bool) -> u64 {
     st.stream
 }
 
+/// Each member's segment bytes.
+fn sizes(cluster: &Cluster) -> Vec<u64> {
+    cluster.dirs.values().map(|d| log_bytes(d.path())).collect()
+}
+
 /// The bytes of a member's segment files.
 fn log_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
@@ -78,7 +83,7 @@ async fn members_retire_what_their_snapshots_cover_and_still_agree_after_restart
         workload(e, "live", 50, false);
     })
     .await;
-    let grown: Vec<u64> = cluster.dirs.values().map(|d| log_bytes(d.path())).collect();
+    let grown = sizes(&cluster);
     assert!(grown.iter().all(|b| *b > 3 * MAX_BYTES), "{grown:?}");
 
     // The leader's pass raises watermarks and carries state forward, as entries.
@@ -92,7 +97,7 @@ async fn members_retire_what_their_snapshots_cover_and_still_agree_after_restart
         let retired = blocking(&member, |e| e.run_retention().unwrap()).await;
         assert!(retired > 0, "member {id} retired no segment");
     }
-    let bounded: Vec<u64> = cluster.dirs.values().map(|d| log_bytes(d.path())).collect();
+    let bounded = sizes(&cluster);
     // The bound, plus the segment being written and the one the carried state went to.
     assert!(
         bounded.iter().all(|b| *b <= MAX_BYTES + 2 * SEGMENT_BYTES),
@@ -160,7 +165,7 @@ async fn members_short_of_disk_snapshot_and_purge_so_retention_frees_space() {
     }
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let sizes: Vec<u64> = cluster.dirs.values().map(|d| log_bytes(d.path())).collect();
+        let sizes = sizes(&cluster);
         if sizes.iter().all(|b| *b <= MAX_BYTES + 2 * SEGMENT_BYTES) {
             break;
         }

@@ -1,4 +1,5 @@
-//! A one-node "cluster" for the leader tests (`leader.rs`, `leader_batching.rs`): a
+//! A one-node "cluster" for the leader tests (`leader.rs`, `leader_batching.rs`,
+//! `member_retention.rs`): a
 //! [`Proposer`] that appends the writer's proposals to the node's own `EntryLog`, commits
 //! and applies them, or hands each batch to the test to settle as it arranges.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
@@ -44,6 +45,21 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
+    /// A cluster over `log` that settles every batch at once (the engine is set after open).
+    pub fn new(log: EntryLog) -> Arc<Self> {
+        Arc::new(Self {
+            log,
+            engine: Mutex::new(None),
+            blank_first: AtomicBool::new(false),
+            follower_of: Mutex::new(None),
+            hold: Mutex::new(None),
+            unknown_batches: AtomicUsize::new(0),
+            to_test: Mutex::new(None),
+            prepare_hold: Mutex::new(None),
+            entry_bytes_max: AtomicUsize::new(0),
+        })
+    }
+
     pub fn append_committed(&self, payloads: Vec<EntryPayload>) -> Vec<EntryId> {
         let next = self.log.state().last.map_or(1, |id| id.index + 1);
         let entries: Vec<LogEntry> = payloads
@@ -149,17 +165,7 @@ pub fn config_at(dir: &Path, clock: &Arc<ManualClock>) -> Config {
 /// A replicated node over `dir` with a one-node cluster.
 pub fn open_leader(dir: &Path, clock: &Arc<ManualClock>) -> (Engine, Arc<LocalCluster>) {
     let log = EntryLog::open(EntryLogConfig::new(dir)).unwrap();
-    let cluster = Arc::new(LocalCluster {
-        log: log.clone(),
-        engine: Mutex::new(None),
-        blank_first: AtomicBool::new(false),
-        follower_of: Mutex::new(None),
-        hold: Mutex::new(None),
-        unknown_batches: AtomicUsize::new(0),
-        to_test: Mutex::new(None),
-        prepare_hold: Mutex::new(None),
-        entry_bytes_max: AtomicUsize::new(0),
-    });
+    let cluster = LocalCluster::new(log.clone());
     let engine = Engine::open_replicated(
         config_at(dir, clock),
         &log,
