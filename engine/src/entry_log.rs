@@ -4,8 +4,10 @@
 //!
 //! Entries are the log's atomic groups (FORMAT.md, "Entries and terms"): appended whole with
 //! the term their leader gave them, synced (`fdatasync`) before [`EntryLog::append`]
-//! returns, read back by index through an entry→offset table, and cut back only above the
-//! committed index. Three rules keep the on-disk invariants of a single node:
+//! returns (or written by [`EntryLog::write`] and made durable by a later
+//! [`EntryLog::sync`], one `fdatasync` for many writes, outside the lock), read back by index
+//! through an entry→offset table, and cut back only above the committed index. Three rules
+//! keep the on-disk invariants of a single node:
 //!
 //! * **A segment is sealed only when every entry in it is committed** (the writer rolls to a
 //!   new segment only at or below the committed index), so an uncommitted suffix is cut by
@@ -13,7 +15,8 @@
 //!   modified. A cut that would reach into a sealed segment is refused.
 //! * **The vote is durable before it is acknowledged** (`VOTE`: temp file, fsync, rename,
 //!   directory fsync); the committed index is saved without an fsync (`COMMITTED`: losing
-//!   it only costs re-applying entries); the last purged entry too (`PURGED`).
+//!   it only costs re-applying entries), and never beyond the entries durable here; the
+//!   last purged entry too (`PURGED`).
 //! * **Bad input loses nothing**: an entry that is not the next one, a term below the last,
 //!   an empty or undecodable proposal is refused with a typed error before anything is
 //!   written; a full disk leaves the log as it was.
@@ -129,6 +132,11 @@ struct Inner {
     poisoned: Option<String>,
     /// `COMMITTED`, kept open: it is rewritten in place on every commit.
     committed_file: Option<Arc<dyn crate::fs::SegmentFile>>,
+    /// The last entry known durable: entries after it were [`EntryLog::write`]n and await
+    /// an [`EntryLog::sync`].
+    durable: u64,
+    /// The committed index the `COMMITTED` file was last given (never above `durable`).
+    committed_saved: u64,
     _lock: File,
 }
 
@@ -202,8 +210,12 @@ impl EntryLog {
             purged,
             poisoned: None,
             committed_file: None,
+            durable: 0,
+            committed_saved: committed.map_or(0, |c| c.index),
             _lock: lock,
         };
+        // Open synced the tail: everything the log holds is durable.
+        inner.note_durable();
         // A crash part way through a purge (or a truncation after one) is finished now.
         inner.finish_purge()?;
         let log = Self {
@@ -295,9 +307,75 @@ impl EntryLog {
     pub fn append(&self, entries: &[LogEntry]) -> Result<()> {
         let mut inner = self.lock();
         inner.check_usable()?;
-        let r = inner.append(entries);
+        let r = inner.append(entries, true);
+        inner.poison_on_io(&r);
+        r?;
+        inner.save_committed_if_durable()
+    }
+
+    /// Appends `entries` as [`EntryLog::append`] does, without syncing them: on return they
+    /// are readable (a leader may send them to its followers) but durable only after an
+    /// [`EntryLog::sync`]. This lets a Raft log store report its flush later, from a sync
+    /// shared by many appends, instead of holding its caller through every `fdatasync`.
+    ///
+    /// # Errors
+    /// As [`EntryLog::append`].
+    pub fn write(&self, entries: &[LogEntry]) -> Result<()> {
+        let mut inner = self.lock();
+        inner.check_usable()?;
+        let r = inner.append(entries, false);
         inner.poison_on_io(&r);
         r
+    }
+
+    /// Makes every entry written so far durable, and returns the last durable entry's
+    /// index. The `fdatasync` runs outside the log's lock: reads and writes go on meanwhile
+    /// (what they write waits for the next sync).
+    ///
+    /// # Errors
+    /// I/O failures: the log then refuses further writes (the page cache's state is
+    /// unknown), as after a failed append.
+    pub fn sync(&self) -> Result<u64> {
+        let (point, through) = {
+            let mut inner = self.lock();
+            inner.check_usable()?;
+            match inner.writer.sync_point() {
+                Some(point) => (point, inner.writer.next().entry.saturating_sub(1)),
+                None => {
+                    inner.note_durable();
+                    return Ok(inner.durable);
+                }
+            }
+        };
+        let r = point.sync();
+        let mut inner = self.lock();
+        if let Err(e) = r {
+            inner.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        if inner.writer.synced_outside(&point) {
+            inner.durable = inner.durable.max(through);
+        }
+        inner.note_durable();
+        inner.save_committed_if_durable()?;
+        Ok(inner.durable)
+    }
+
+    /// The last entry known durable (entries after it were written and await a sync).
+    pub fn durable(&self) -> u64 {
+        self.lock().durable
+    }
+
+    /// Syncs unless entry `index` is durable already (a replica applies only durable
+    /// entries: its index must never be ahead of what a power loss leaves in its log).
+    ///
+    /// # Errors
+    /// As [`EntryLog::sync`].
+    pub fn sync_through(&self, index: u64) -> Result<()> {
+        if self.lock().durable >= index {
+            return Ok(());
+        }
+        self.sync().map(drop)
     }
 
     /// The entries with indexes in `from..to` that the log holds (fewer at either end if it
@@ -321,6 +399,9 @@ impl EntryLog {
         inner.check_usable()?;
         let r = inner.truncate_after(keep);
         inner.poison_on_io(&r);
+        // A cut syncs what it keeps; entries it removed are durable no more.
+        inner.durable = inner.durable.min(keep.unwrap_or(0));
+        inner.note_durable();
         r
     }
 
@@ -332,33 +413,28 @@ impl EntryLog {
     pub fn purge_through(&self, through: EntryId) -> Result<()> {
         let mut inner = self.lock();
         inner.check_usable()?;
+        // What is purged was applied, so committed and durable: `COMMITTED` must say so
+        // before the entries go (recovery replays the log up to it).
+        inner.save_committed_if_durable()?;
         let r = inner.purge_through(through);
         inner.poison_on_io(&r);
+        inner.note_durable();
         r
     }
 
     /// Records the last committed entry: segments may now be sealed up to it. Saved without
-    /// an fsync (a lost value only costs re-applying entries after a restart). A value below
-    /// the one known is ignored (the committed index never goes back).
+    /// an fsync (a lost value only costs re-applying entries after a restart), and only
+    /// once this log's own copy of the entry is durable. A value below the one known is
+    /// ignored (the committed index never goes back).
     ///
     /// # Errors
     /// I/O failures writing the file.
     pub fn save_committed(&self, committed: EntryId) -> Result<()> {
-        let file = {
-            let mut inner = self.lock();
-            if inner.committed.is_some_and(|c| c.index >= committed.index) {
-                return Ok(());
-            }
+        let mut inner = self.lock();
+        if inner.committed.is_none_or(|c| c.index < committed.index) {
             inner.committed = Some(committed);
-            inner.committed_file()?
-        };
-        // Rewritten in place, outside the log's lock, with no rename and no fsync: openraft
-        // saves the committed entry on every commit, and a lost, stale or torn value (the
-        // CRC tells) only costs re-applying entries. Replacing the file each time (unlink,
-        // create, rename) under the lock cost replicated appends up to half their
-        // throughput (benches/README.md, "Replication cost").
-        file.write_all_at(&durable_file::framed(&encode_entry_id(committed)), 0)
-            .map_err(Error::io("writing the COMMITTED file"))
+        }
+        inner.save_committed_if_durable()
     }
 
     /// The last committed entry saved, if any.
@@ -395,6 +471,33 @@ impl EntryLog {
 }
 
 impl Inner {
+    /// Writes `COMMITTED` when the committed entry known is durable here and not saved yet.
+    ///
+    /// A member may learn that entries are committed before its own copy of them is synced:
+    /// saving that at once could leave a log that, after a power loss, ends before its
+    /// committed entry (and refuses to open). The sync that makes it durable saves it, so
+    /// the file never lags the durable entries either: a purge (which follows a snapshot of
+    /// applied entries) never runs ahead of it, and recovery replays what was applied.
+    ///
+    /// Rewritten in place, with no rename and no fsync: openraft saves the committed entry
+    /// on every commit, and a lost, stale or torn value (the CRC tells) only costs
+    /// re-applying entries. Replacing the file each time (unlink, create, rename) cost
+    /// replicated appends up to half their throughput (benches/README.md, "Replication
+    /// cost"); a write in place of a few bytes under the lock keeps the saves in order.
+    fn save_committed_if_durable(&mut self) -> Result<()> {
+        let Some(committed) = self.committed else {
+            return Ok(());
+        };
+        if committed.index > self.durable || self.committed_saved >= committed.index {
+            return Ok(());
+        }
+        let file = self.committed_file()?;
+        file.write_all_at(&durable_file::framed(&encode_entry_id(committed)), 0)
+            .map_err(Error::io("writing the COMMITTED file"))?;
+        self.committed_saved = committed.index;
+        Ok(())
+    }
+
     fn committed_index(&self) -> u64 {
         self.committed.map_or(0, |c| c.index)
     }
@@ -436,7 +539,7 @@ impl Inner {
         }
     }
 
-    fn append(&mut self, entries: &[LogEntry]) -> Result<()> {
+    fn append(&mut self, entries: &[LogEntry], sync: bool) -> Result<()> {
         // A log that never held an entry starts wherever its first entry is (Raft allows
         // it): once the batch is checked, the empty active segment is replaced by one that
         // starts there.
@@ -470,6 +573,7 @@ impl Inner {
             .collect::<Result<Vec<_>>>()?;
         if let Some(at) = start_at {
             self.restart_active(at)?;
+            self.note_durable();
         }
         // A batch goes whole into one segment: the active one rolls only before it, and only
         // once every entry in it is committed (it may overrun its size by a batch).
@@ -478,6 +582,8 @@ impl Inner {
                 .rotate_if_full(self.segment_bytes_max)
                 .map_err(|w| self.write_failed(w))?;
             self.track_active();
+            // Sealing synced the segment that was active.
+            self.note_durable();
         }
         let start = self.writer.next();
         let mut buf = Vec::new();
@@ -494,7 +600,7 @@ impl Inner {
             self.writer.advance_in_term(records.len(), e.id.term);
             placed.push(offset);
         }
-        self.flush(&buf, start)?;
+        self.flush(&buf, start, sync)?;
         if let Some(active) = self.offsets.values_mut().next_back() {
             if let Some(o) = active.offsets.as_mut() {
                 o.extend(placed);
@@ -516,8 +622,9 @@ impl Inner {
             && self.writer.next().entry.saturating_sub(1) <= self.committed_index()
     }
 
-    /// Writes and syncs `buf` (frames from `start` on); on failure rewinds to `start`.
-    fn flush(&mut self, buf: &[u8], start: LogPoint) -> Result<()> {
+    /// Writes `buf` (frames from `start` on) and, when `sync`, syncs it; on failure rewinds
+    /// to `start`.
+    fn flush(&mut self, buf: &[u8], start: LogPoint, sync: bool) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -526,9 +633,20 @@ impl Inner {
             self.writer.rewind(start);
             return Err(e);
         }
-        self.writer
-            .sync()
-            .inspect_err(|e| self.poisoned = Some(e.to_string()))
+        if sync {
+            self.writer
+                .sync()
+                .inspect_err(|e| self.poisoned = Some(e.to_string()))?;
+            self.note_durable();
+        }
+        Ok(())
+    }
+
+    /// When nothing written awaits a sync, every entry the log holds is durable.
+    fn note_durable(&mut self) {
+        if !self.writer.has_unsynced() {
+            self.durable = self.writer.next().entry.saturating_sub(1);
+        }
     }
 
     fn write_failed(&mut self, w: WriteError) -> Error {

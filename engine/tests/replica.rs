@@ -99,6 +99,27 @@ fn a_replica_applying_the_committed_entries_serves_what_the_single_node_serves()
 }
 
 #[test]
+fn a_replica_applies_only_entries_its_own_log_has_synced() {
+    let single = tempfile::tempdir().unwrap();
+    single_node_history(single.path());
+    let entries = groups_as_entries(single.path(), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let log = EntryLog::open(EntryLogConfig::new(dir.path())).unwrap();
+    // Written, not synced: a member may learn entries are committed before its own copy
+    // is on disk. Its index must never hold state a power loss could take from its log.
+    log.write(&entries).unwrap();
+    assert_eq!(log.durable(), 0);
+    let replica = Engine::open_replica(replica_config(dir.path()), &log).unwrap();
+    let half = entries.len() as u64 / 2;
+    replica.apply_committed(half).unwrap();
+    assert!(
+        log.durable() >= half,
+        "applied through {half}, durable through {}",
+        log.durable()
+    );
+}
+
+#[test]
 fn an_entry_the_rules_refuse_changes_nothing_and_later_entries_apply() {
     let single = tempfile::tempdir().unwrap();
     single_node_history(single.path());

@@ -208,6 +208,10 @@ impl Engine {
             .log
             .first_entry()
             .map_or(done + 1, |first| first.max(done + 1));
+        // Only durable entries are applied: the index must never hold state a power loss
+        // could take from the log (a member may learn an entry is committed before its
+        // own copy is synced; a leader's committed entries are synced already).
+        replica.log.sync_through(through)?;
         let entries = replica.log.read_placed(from, through + 1)?;
         for (id, frames) in entries {
             if let [only] = frames.as_slice() {

@@ -339,3 +339,79 @@ fn a_purge_past_the_end_restarts_the_log_after_it() {
 }
 
 mod snapshots;
+
+/// The `COMMITTED` file as it is on disk now.
+fn committed_on_disk(log: &EntryLog) -> Option<u64> {
+    let inner = log.lock();
+    match durable_file::read(inner.fs.as_ref(), &inner.dir, COMMITTED_FILE).expect("read") {
+        Read::Body(b) => decode_entry_id(&b).map(|id| id.index),
+        Read::Missing | Read::Damaged => None,
+    }
+}
+
+#[test]
+fn the_committed_file_never_runs_ahead_of_what_this_log_has_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EntryLog::open(config(dir.path())).unwrap();
+    log.append(&entries(1, 1, 3)).unwrap();
+    log.save_committed(EntryId { term: 1, index: 2 }).unwrap();
+    assert_eq!(committed_on_disk(&log), Some(2));
+    // Written, learned committed, not yet synced: the file keeps the old value (a power
+    // loss could take the entries and leave the file, which would refuse to open).
+    log.write(&entries(1, 3, 6)).unwrap();
+    log.save_committed(EntryId { term: 1, index: 5 }).unwrap();
+    assert_eq!(log.committed(), Some(EntryId { term: 1, index: 5 }));
+    assert_eq!(committed_on_disk(&log), Some(2));
+    // The sync that makes it durable saves it: the file never lags behind either (a purge
+    // of applied entries beyond it, then a restart, would replay from a point the log no
+    // longer holds).
+    assert_eq!(log.sync().unwrap(), 5);
+    assert_eq!(committed_on_disk(&log), Some(5));
+    log.write(&entries(1, 6, 7)).unwrap();
+    log.save_committed(EntryId { term: 1, index: 6 }).unwrap();
+    log.purge_through(EntryId { term: 1, index: 4 }).unwrap();
+    assert_eq!(committed_on_disk(&log), Some(5));
+    log.sync_through(6).unwrap();
+    assert_eq!(committed_on_disk(&log), Some(6));
+}
+
+#[test]
+fn a_sync_started_before_a_cut_does_not_vouch_for_what_was_written_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EntryLog::open(config(dir.path())).unwrap();
+    log.append(&entries(1, 1, 2)).unwrap();
+    log.write(&entries(1, 2, 4)).unwrap();
+    // A sync takes its point, then (before it reports) the suffix is cut and rewritten.
+    let point = log.lock().writer.sync_point().expect("unsynced bytes");
+    log.truncate_after(Some(1)).unwrap();
+    assert_eq!(log.lock().durable, 1, "the cut removed entries 2 and 3");
+    log.write(&entries(2, 2, 4)).unwrap();
+    point.sync().unwrap();
+    let mut inner = log.lock();
+    assert!(
+        !inner.writer.synced_outside(&point),
+        "the log was cut since"
+    );
+    assert!(inner.writer.has_unsynced());
+    drop(inner);
+    assert_eq!(log.lock().durable, 1);
+    assert_eq!(log.sync().unwrap(), 3);
+    log.sync_through(3).unwrap();
+}
+
+#[test]
+fn written_entries_are_readable_before_the_sync_and_a_roll_makes_them_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EntryLog::open(config(dir.path())).unwrap();
+    log.write(&entries(1, 1, 4)).unwrap();
+    assert_eq!(ids(&log.read(1, 4).unwrap()), vec![(1, 1), (1, 2), (1, 3)]);
+    assert_eq!(log.lock().durable, 0);
+    // Fill past the segment size with everything committed: the next write rolls, and
+    // sealing synced what came before it.
+    log.write(&entries(1, 4, 12)).unwrap();
+    log.save_committed(EntryId { term: 1, index: 11 }).unwrap();
+    log.write(&entries(1, 12, 13)).unwrap();
+    assert!(segments(dir.path()) >= 2);
+    assert_eq!(log.lock().durable, 11);
+    assert_eq!(log.sync().unwrap(), 12);
+}

@@ -228,6 +228,28 @@ pub(crate) struct LogPoint {
     pub prev_term: u64,
 }
 
+/// A prefix of the active segment to make durable outside the writer's lock (see
+/// [`LogWriter::sync_point`]).
+#[derive(Debug)]
+pub(crate) struct SyncPoint {
+    segment: Arc<Segment>,
+    len: u64,
+    cuts: u64,
+}
+
+impl SyncPoint {
+    /// `fdatasync` of the segment. A segment sealed meanwhile was synced by sealing.
+    ///
+    /// # Errors
+    /// I/O failures.
+    pub(crate) fn sync(&self) -> Result<()> {
+        match self.segment.sync_data() {
+            Err(_) if self.segment.is_sealed() => Ok(()),
+            r => r,
+        }
+    }
+}
+
 /// The writer's end of the log: the active segment, the next LSN and entry, and the sync
 /// state. Only the writer thread holds it.
 #[derive(Debug)]
@@ -240,6 +262,10 @@ pub(crate) struct LogWriter {
     next: LogPoint,
     /// Offset in the active segment below which everything is durable.
     synced_through: u64,
+    /// Bumped whenever the active segment is cut or replaced in place, so a sync done
+    /// outside the writer ([`LogWriter::sync_point`]) never vouches for bytes written after
+    /// a cut.
+    cuts: u64,
     /// The term of every entry this writer frames, and of the segments it creates.
     term: u64,
     sync: SyncPolicyTag,
@@ -265,6 +291,7 @@ impl LogWriter {
             active,
             next,
             synced_through,
+            cuts: 0,
             term,
             sync: SyncPolicyTag::of(policy),
             boot_id,
@@ -349,6 +376,7 @@ impl LogWriter {
         }
         self.active.truncate(len)?;
         self.synced_through = len;
+        self.cuts += 1;
         self.next = to;
         Ok(())
     }
@@ -375,6 +403,7 @@ impl LogWriter {
         )?);
         self.log.insert(Arc::clone(&next));
         self.synced_through = next.len();
+        self.cuts += 1;
         self.active = next;
         self.next = to;
         Ok(())
@@ -477,6 +506,28 @@ impl LogWriter {
                 self.active.path().display()
             ))(e))),
         }
+    }
+
+    /// What a sync started now would make durable, when anything written is not yet: the
+    /// caller syncs the segment outside its lock and reports back with
+    /// [`LogWriter::synced_outside`].
+    pub(crate) fn sync_point(&self) -> Option<SyncPoint> {
+        self.has_unsynced().then(|| SyncPoint {
+            segment: Arc::clone(&self.active),
+            len: self.active.len(),
+            cuts: self.cuts,
+        })
+    }
+
+    /// Records a sync of `point` done outside the writer, and says whether it counted.
+    /// It does not when the segment was sealed or replaced since (sealing synced it), or
+    /// cut (the bytes past the cut may be new ones the sync did not cover).
+    pub(crate) fn synced_outside(&mut self, point: &SyncPoint) -> bool {
+        let counts = Arc::ptr_eq(&point.segment, &self.active) && point.cuts == self.cuts;
+        if counts {
+            self.synced_through = self.synced_through.max(point.len);
+        }
+        counts
     }
 
     /// `fdatasync` of the active segment.
