@@ -26,6 +26,7 @@ pub mod append_limit;
 mod client_options;
 pub mod codec;
 pub mod log_store;
+mod log_sync;
 pub mod network;
 pub mod node;
 pub mod service;

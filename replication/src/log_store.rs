@@ -8,8 +8,10 @@
 //! - `Blank` and `Membership` entries are one record each (tags 14 and 15, FORMAT.md), the
 //!   membership encoded with this crate's [`codec`]; a `Normal` entry's
 //!   [`Proposal`] bytes are the engine's proposal encoding, checked before they are written;
-//! - `append` writes and `fdatasync`s before it calls openraft's flushed callback, on a
-//!   blocking thread (the engine's I/O is synchronous);
+//! - `append` writes (on a blocking thread: the engine's I/O is synchronous) and returns;
+//!   openraft's flushed callback comes after a later `fdatasync` shared by every append
+//!   written before it ([`crate::log_sync`]), so neither openraft's core nor the
+//!   replication reading the new entries waits for the disk;
 //! - `truncate_after` cuts only an uncommitted suffix (the engine refuses to cut a sealed
 //!   segment or a committed entry); `purge` deletes whole sealed segments;
 //! - the vote is saved durably (temp file, fsync, rename, directory fsync) before
@@ -26,18 +28,32 @@ use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{EntryPayload, OptionalSend};
 
 use crate::codec;
+use crate::log_sync::LogSync;
 use crate::types::{Entry, LogId, Proposal, TypeConfig, Vote};
 
 /// The Raft log store (and, cloned, its reader) over one segment log.
 #[derive(Debug, Clone)]
 pub struct SegmentLogStore {
     log: EntryLog,
+    sync: LogSync,
 }
 
 impl SegmentLogStore {
     /// A store over `log` (opened by the caller, who chose its directory).
     pub fn new(log: EntryLog) -> Self {
-        Self { log }
+        Self {
+            sync: LogSync::new(log.clone()),
+            log,
+        }
+    }
+
+    /// Waits until every append so far is synced and reported flushed: after it, no sync
+    /// runs on the log (a node shutting down calls it before it lets the log go).
+    ///
+    /// # Errors
+    /// The sync failed.
+    pub async fn settle(&self) -> io::Result<()> {
+        self.sync.barrier().await
     }
 
     /// The engine's log underneath.
@@ -145,6 +161,7 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         let bytes = codec::encode("vote", vote).map_err(io::Error::other)?;
+        self.sync.barrier().await?;
         self.blocking(move |log| log.save_vote(&bytes)).await
     }
 
@@ -181,11 +198,10 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
                 return Err(e);
             }
         };
-        // Written and fdatasynced when `append` returns: readable now, durable now.
-        let r = self.blocking(move |log| log.append(&entries)).await;
-        match r {
+        // Written (readable) when `append` returns; flushed when a later sync covers it.
+        match self.blocking(move |log| log.write(&entries)).await {
             Ok(()) => {
-                callback.io_completed(Ok(()));
+                self.sync.flush_later(callback);
                 Ok(())
             }
             Err(e) => {
@@ -197,6 +213,8 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
 
     async fn truncate_after(&mut self, last: Option<LogId>) -> Result<(), io::Error> {
         let keep = last.map(|id| to_engine(&id).index);
+        // Earlier appends' flushes are reported first: Raft's I/O completes in order.
+        self.sync.barrier().await?;
         self.blocking(move |log| log.truncate_after(keep)).await
     }
 

@@ -72,6 +72,8 @@ pub struct ReplicatedNode {
     /// The disk-pressure watcher (`space.rs`), stopped before the Raft core at shutdown so
     /// it holds nothing of the node once [`ReplicatedNode::shutdown`] returns.
     space_watch: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// The log store openraft writes through, kept to wait out its last sync at shutdown.
+    store: SegmentLogStore,
 }
 
 impl std::fmt::Debug for ReplicatedNode {
@@ -145,11 +147,12 @@ impl ReplicatedNode {
         };
         let config =
             crate::snapshot::with_policy(options.timing.config("cursorlog")?, options.snapshots)?;
+        let store = SegmentLogStore::new(log);
         let raft = Raft::new(
             options.id,
             Arc::new(config),
             NetworkFactory::new(options.id, options.client.clone()),
-            SegmentLogStore::new(log),
+            store.clone(),
             EngineStateMachine::new(engine.clone()),
         )
         .await
@@ -184,6 +187,7 @@ impl ReplicatedNode {
             proposer,
             vote_guard,
             space_watch,
+            store,
         })
     }
 
@@ -296,7 +300,7 @@ impl ReplicatedNode {
         }
     }
 
-    /// Stops Raft, then the engine.
+    /// Stops Raft, waits for the log's last sync, then closes the engine.
     ///
     /// # Errors
     /// The engine's close failed (its index could not be flushed).
@@ -312,6 +316,10 @@ impl ReplicatedNode {
         }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not shut down cleanly");
+        }
+        // No sync may still run on the log once this returns (a restart reopens it).
+        if let Err(e) = self.store.settle().await {
+            tracing::warn!(error = %e, "the log's last sync failed");
         }
         let engine = self.engine.clone();
         tokio::task::spawn_blocking(move || engine.close())

@@ -128,6 +128,14 @@ impl ClusterTiming {
     ///   measured by the catch-up benchmark). The member's lost *vote* is the hazard that
     ///   remains (it could vote twice in a term): README says to remove a member before
     ///   wiping it and add it back after.
+    /// - `enable_leader_restore: false`: a leader that restarts campaigns in a new term
+    ///   instead of resuming its old one. The log store reports an append flushed after a
+    ///   later sync (`log_sync.rs`), so a leader's entries reach followers before its own
+    ///   disk has them; a power loss can take them from the leader only. Resuming the same
+    ///   term, it would then issue those log ids again with other payloads, and followers
+    ///   holding the first ones would diverge (the cluster simulation found it: two members
+    ///   held different events at the same log id). In a new term the lost suffix is an
+    ///   ordinary uncommitted one, kept or cut by Raft.
     /// - `SnapshotPolicy::Never`: openraft never builds a snapshot on its own. In cursorlog a
     ///   snapshot is the retained sealed segments, and the log is purged only by retention,
     ///   which builds the snapshot that covers what it deletes; an automatic snapshot every
@@ -145,6 +153,7 @@ impl ClusterTiming {
             install_snapshot_timeout: millis(self.install_snapshot),
             enable_pre_vote: Some(true),
             allow_log_reversion: Some(true),
+            enable_leader_restore: Some(false),
             snapshot_policy: openraft::SnapshotPolicy::Never,
             ..Default::default()
         }
@@ -162,7 +171,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_timing_validates_with_pre_vote_and_no_automatic_snapshots() {
+    fn the_default_timing_validates_with_pre_vote_no_leader_restore_and_no_automatic_snapshots() {
         let config = ClusterTiming::default().config("t").unwrap();
         assert_eq!(config.heartbeat_interval, 100);
         assert_eq!(
@@ -170,6 +179,9 @@ mod tests {
             (1000, 2000)
         );
         assert_eq!(config.enable_pre_vote, Some(true));
+        // A restarted leader must not resume its term: its appends reach followers before
+        // its own disk (cluster_sim seeds 2 and 5 at 30 rounds diverge with it on).
+        assert_eq!(config.enable_leader_restore, Some(false));
         assert!(matches!(
             config.snapshot_policy,
             openraft::SnapshotPolicy::Never

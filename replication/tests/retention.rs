@@ -57,13 +57,18 @@ fn sizes(cluster: &Cluster) -> Vec<u64> {
     cluster.dirs.values().map(|d| log_bytes(d.path())).collect()
 }
 
-/// The bytes of a member's segment files.
+/// The bytes of a member's segment files. A segment retired while the directory is listed
+/// (retention runs meanwhile) counts as gone.
 fn log_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
         .unwrap()
-        .map(|e| e.unwrap().path())
+        .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-        .map(|p| std::fs::metadata(p).unwrap().len())
+        .map(|p| match std::fs::metadata(&p) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => panic!("{}: {e}", p.display()),
+        })
         .sum()
 }
 
