@@ -10,7 +10,7 @@
 //!   [`Proposal`] bytes are the engine's proposal encoding, checked before they are written;
 //! - `append` writes (on a blocking thread: the engine's I/O is synchronous) and returns;
 //!   openraft's flushed callback comes after a later `fdatasync` shared by every append
-//!   written before it ([`crate::log_sync`]), so neither openraft's core nor the
+//!   written before it (`log_sync.rs`), so neither openraft's core nor the
 //!   replication reading the new entries waits for the disk;
 //! - `truncate_after` cuts only an uncommitted suffix (the engine refuses to cut a sealed
 //!   segment or a committed entry); `purge` deletes whole sealed segments;
