@@ -76,7 +76,8 @@ impl LogSync {
         }
     }
 
-    /// Waits until every flush queued before this call has been synced and reported.
+    /// Waits until every flush queued before this call has been synced and reported, and the
+    /// syncing task has let go of the log.
     ///
     /// # Errors
     /// The sync failed (the log then refuses writes).
@@ -95,28 +96,36 @@ impl LogSync {
     }
 
     /// Syncs while anything is queued: each round takes the whole queue, so appends that
-    /// arrive during a sync share the next one.
-    fn run(&self) {
+    /// arrive during a sync share the next one. Barriers are answered once nothing is left
+    /// to sync, after this task let go of the log (a node restarting after
+    /// [`LogSync::barrier`] finds its directory free).
+    fn run(self) {
+        let mut barriers = Vec::new();
+        let mut failed: Option<String> = None;
         loop {
-            let (flushes, barriers) = {
+            let flushes = {
                 let mut q = self.queue();
-                if q.flushes.is_empty() && q.barriers.is_empty() {
+                barriers.append(&mut q.barriers);
+                if q.flushes.is_empty() {
                     q.running = false;
-                    return;
+                    break;
                 }
-                (
-                    std::mem::take(&mut q.flushes),
-                    std::mem::take(&mut q.barriers),
-                )
+                std::mem::take(&mut q.flushes)
             };
             let synced = self.log.sync().map(drop);
+            failed = synced.as_ref().err().map(ToString::to_string);
             for callback in flushes {
                 callback.io_completed(copy(&synced));
             }
-            for barrier in barriers {
-                // A barrier whose caller went away needs no answer.
-                let _ = barrier.send(copy(&synced));
-            }
+        }
+        drop(self);
+        for barrier in barriers {
+            let outcome = match &failed {
+                None => Ok(()),
+                Some(why) => Err(io::Error::other(why.clone())),
+            };
+            // A barrier whose caller went away needs no answer.
+            let _ = barrier.send(outcome);
         }
     }
 }
