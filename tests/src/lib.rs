@@ -19,11 +19,13 @@ use std::time::{Duration, Instant};
 
 pub use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::cursor_log_client::CursorLogClient;
+pub use ports::free_addr;
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
 pub mod cluster;
 pub mod fault;
+pub mod ports;
 pub mod proxy;
 
 /// How long the binary may take to start listening (debug builds, recovery).
@@ -678,12 +680,6 @@ pub fn assert_contiguous(events: &[pb::Event], from: u64, to: u64) {
         seqs, expected,
         "events are not exactly seqs {from}..={to} in order"
     );
-}
-
-/// A free loopback address (bound, then released for a server to bind).
-pub fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").to_string()
 }
 
 /// Starts member `id` (from 1) of a cluster whose member `i + 1` listens on `addrs[i]`, on

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import selectors
 import signal
 import socket
@@ -33,10 +34,36 @@ def cursorlog_bin() -> Path:
     return path
 
 
+_HANDED: set[int] = set()
+_SPAN = 12_000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port for a server to bind, drawn from just below the kernel's ephemeral
+    range and never handed out twice by this process. A port bound on 0 and released comes from
+    the ephemeral range, where any outgoing connection (another member's Raft RPC) may take it
+    before the server binds it; below that range only explicit binds use a port."""
+    high = max(_ephemeral_low(), 1024 + _SPAN)
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(2 * _SPAN):
+        port = rng.randrange(high - _SPAN, high)
+        if port in _HANDED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {high - _SPAN}..{high}")
 
 
 def _wait_port(port: int, proc: subprocess.Popen[Any], log: Path, timeout_s: float = 30.0) -> None:

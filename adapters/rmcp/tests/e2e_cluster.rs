@@ -9,7 +9,7 @@ mod harness;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cursorlog_tests::Start;
+use cursorlog_tests::{free_addr, Start};
 use harness::{
     call_countdown, connect, countdown_stream, executions, expected_progress, pb, Proxy, Replica,
     Server,
@@ -18,12 +18,6 @@ use tonic::Code;
 
 /// The bound of one wait (elections on a loaded 2-core machine included).
 const WAIT: Duration = Duration::from_secs(60);
-
-/// A free loopback port (bound, then released for the server to bind).
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 /// Three cursorlog members with short election timings, and an execution log for replicas.
 struct Members {

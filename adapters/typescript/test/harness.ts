@@ -4,7 +4,7 @@
  * listens on port 0 and lives in temp dirs removed on stop.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, existsSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -228,13 +228,45 @@ export class Proxy {
   }
 }
 
-/** A free loopback port (bound, then released for a cursorlog member to bind). */
-export async function freePort(): Promise<number> {
+const handedPorts = new Set<number>();
+const PORT_SPAN = 12_000;
+
+/** The lowest port of the kernel's ephemeral range (Linux's default when it cannot be read). */
+function ephemeralLow(): number {
+  try {
+    const low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
+    return Number.isInteger(low) && low > 0 ? low : 32_768;
+  } catch {
+    return 32_768;
+  }
+}
+
+/** Whether `port` can be bound on loopback now. */
+async function bindable(port: number): Promise<boolean> {
   const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
+  const ok = await new Promise<boolean>((resolve) => {
+    server.once('error', () => resolve(false));
+    server.listen(port, '127.0.0.1', () => resolve(true));
+  });
+  if (ok) await new Promise<void>((resolve) => server.close(() => resolve()));
+  return ok;
+}
+
+/**
+ * A free loopback port for a cursorlog member to bind, drawn from just below the kernel's
+ * ephemeral range and never handed out twice by this process. A port bound on 0 and released
+ * comes from the ephemeral range, where any outgoing connection (another member's Raft RPC)
+ * may take it before the member binds it; below that range only explicit binds use a port.
+ */
+export async function freePort(): Promise<number> {
+  const high = Math.max(ephemeralLow(), 1024 + PORT_SPAN);
+  for (let i = 0; i < 2 * PORT_SPAN; i += 1) {
+    const port = high - PORT_SPAN + Math.floor(Math.random() * PORT_SPAN);
+    if (handedPorts.has(port)) continue;
+    handedPorts.add(port);
+    if (await bindable(port)) return port;
+  }
+  throw new Error(`no free loopback port in ${high - PORT_SPAN}..${high}`);
 }
 
 /**
