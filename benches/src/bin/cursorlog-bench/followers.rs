@@ -238,8 +238,13 @@ pub(crate) struct Measured {
     pub(crate) events_per_sec: f64,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
-    /// Server CPU over the window, in cores.
+    /// Server CPU over the window, in cores (summed over every process measured: all members
+    /// of a cluster).
     pub(crate) server_cpu: Option<f64>,
+    /// This load generator's own CPU over the window, in cores.
+    pub(crate) client_cpu: Option<f64>,
+    /// Each measured process's CPU over the window, in cores, in the order of its pid.
+    pub(crate) server_cpu_each: Vec<Option<f64>>,
     /// The server's resident set at the end of the window, MiB.
     server_rss_mib: Option<f64>,
     /// The server's events per fdatasync over the window (its group-commit size).
@@ -271,8 +276,14 @@ pub(crate) async fn measure(
     prepared: &crate::workloads::Prepared,
     producers: &[Client],
     stats_client: &mut Client,
-    pid: Option<u32>,
+    pids: &[u32],
 ) -> Result<Measured, BoxError> {
+    // CPU seconds of each process in `pids`.
+    let server_secs = || -> Vec<Option<f64>> {
+        pids.iter()
+            .map(|p| report::cpu_secs(&p.to_string()))
+            .collect()
+    };
     let warmup = secs(cli.warmup, "--warmup")?;
     let duration = secs(cli.duration, "--duration")?;
     let t0 = Instant::now();
@@ -292,11 +303,13 @@ pub(crate) async fn measure(
         set.spawn(work(prepared.clone(), i, client.clone(), w));
     }
     tokio::time::sleep_until(shared.start.into()).await;
-    let cpu0 = pid.and_then(|p| report::cpu_secs(&p.to_string()));
+    let cpu0 = server_secs();
+    let own0 = report::cpu_secs("self");
     let before = stats(stats_client).await;
     tokio::time::sleep_until(shared.end.into()).await;
-    let cpu1 = pid.and_then(|p| report::cpu_secs(&p.to_string()));
-    let rss = pid.and_then(|p| probe::rss_bytes(p).ok());
+    let cpu1 = server_secs();
+    let own1 = report::cpu_secs("self");
+    let rss = pids.first().and_then(|p| probe::rss_bytes(*p).ok());
     let after = stats(stats_client).await;
     let mut latency = histogram();
     let (mut ops, mut events, mut errors) = (0, 0, 0);
@@ -321,12 +334,23 @@ pub(crate) async fn measure(
     }
     let ms = |q| latency.value_at_quantile(q) as f64 / 1000.0;
     let window = duration.as_secs_f64();
+    let cpu_each: Vec<Option<f64>> = cpu1
+        .iter()
+        .zip(&cpu0)
+        .map(|(a, b)| Some((a.as_ref()? - b.as_ref()?) / window))
+        .collect();
     Ok(Measured {
         ops_per_sec: ops as f64 / window,
         events_per_sec: events as f64 / window,
         p50_ms: ms(0.5),
         p99_ms: ms(0.99),
-        server_cpu: cpu1.zip(cpu0).map(|(a, b)| (a - b) / window),
+        server_cpu: cpu_each
+            .iter()
+            .copied()
+            .sum::<Option<f64>>()
+            .filter(|_| !cpu_each.is_empty()),
+        server_cpu_each: cpu_each,
+        client_cpu: own1.zip(own0).map(|(a, b)| (a - b) / window),
         server_rss_mib: rss.map(|b| b as f64 / (1024.0 * 1024.0)),
         events_per_fsync: after.zip(before).and_then(|(a, b)| {
             let fsyncs = a.fsyncs.saturating_sub(b.fsyncs);
@@ -411,7 +435,8 @@ pub async fn run(
             let server_followers = stats(&mut stats_client)
                 .await
                 .map_or(0, |s| s.active_followers);
-            let m = measure(cli, &prepared, &producers, &mut stats_client, pid).await?;
+            let pids: Vec<u32> = pid.into_iter().collect();
+            let m = measure(cli, &prepared, &producers, &mut stats_client, &pids).await?;
             if let Some(f) = followers {
                 f.close().await?;
                 wait_followers(

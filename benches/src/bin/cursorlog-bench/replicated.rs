@@ -139,7 +139,8 @@ struct Side {
     name: &'static str,
     producers: Vec<Client>,
     stats: Client,
-    pid: Option<u32>,
+    /// Every server process of the side (the single node; all three members).
+    pids: Vec<u32>,
     prepared: Vec<Prepared>,
 }
 
@@ -147,7 +148,7 @@ impl Side {
     async fn new(
         name: &'static str,
         addr: &str,
-        pid: Option<u32>,
+        pids: Vec<u32>,
         cli: &Cli,
         args: &ReplicatedArgs,
     ) -> Result<Self, BoxError> {
@@ -178,10 +179,25 @@ impl Side {
             name,
             producers,
             stats,
-            pid,
+            pids,
             prepared,
         })
     }
+}
+
+/// CPU microseconds per event over the window: every server process of the side plus this
+/// load generator. With every core busy, events/s = cores ÷ this, so the two sides' values
+/// bound the ratio a CPU-bound machine can reach, whatever the latencies.
+fn cpu_us_per_event(m: &Measured) -> Option<f64> {
+    let cores = m.server_cpu? + m.client_cpu?;
+    (m.events_per_sec > 0.0).then(|| cores / m.events_per_sec * 1e6)
+}
+
+/// Like [`cpu_us_per_event`], counting only the first server process (the leader) and this
+/// load generator.
+fn leader_us_per_event(m: &Measured) -> Option<f64> {
+    let cores = (*m.server_cpu_each.first()?)? + m.client_cpu?;
+    (m.events_per_sec > 0.0).then(|| cores / m.events_per_sec * 1e6)
 }
 
 /// The throughput comparison; `Ok(false)` when an append failed.
@@ -197,11 +213,15 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
         cluster.addrs[leader]
     );
     let mut sides = [
-        Side::new("single", &single.addr, Some(single.pid()), cli, args).await?,
+        Side::new("single", &single.addr, vec![single.pid()], cli, args).await?,
         Side::new(
             "replicated",
             &cluster.addrs[leader],
-            cluster.pid(leader),
+            // The leader first, so its CPU is the first of `server_cpu_each`.
+            std::iter::once(leader)
+                .chain((0..crate::cluster::MEMBERS).filter(|&i| i != leader))
+                .filter_map(|i| cluster.pid(i))
+                .collect(),
             cli,
             args,
         )
@@ -212,7 +232,7 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
         args.producers, args.payload, cli.sync, cli.duration
     );
     println!(
-        "{:>5} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>6}",
+        "{:>5} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>6}",
         "round",
         "batch",
         "node",
@@ -221,6 +241,8 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
         "p50 ms",
         "p99 ms",
         "srv cores",
+        "gen cores",
+        "cpu µs/ev",
         "errors"
     );
     // results[batch index][side index] = per-round measurements
@@ -239,28 +261,53 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
                     &side.prepared[k],
                     &side.producers,
                     &mut side.stats,
-                    side.pid,
+                    &side.pids,
                 )
                 .await?;
+                let cores =
+                    |c: Option<f64>| c.map_or_else(|| "-".to_owned(), |c| format!("{c:.2}"));
                 println!(
-                    "{round:>5} {batch:>5} {:>10} {:>10.0} {:>10.0} {:>8.2} {:>8.2} {:>9} {:>6}",
+                    "{round:>5} {batch:>5} {:>10} {:>10.0} {:>10.0} {:>8.2} {:>8.2} {:>9} {:>9} {:>9} {:>6}",
                     side.name,
                     m.ops_per_sec,
                     m.events_per_sec,
                     m.p50_ms,
                     m.p99_ms,
-                    m.server_cpu
-                        .map_or_else(|| "-".to_owned(), |c| format!("{c:.2}")),
+                    cores(m.server_cpu),
+                    cores(m.client_cpu),
+                    cpu_us_per_event(&m)
+                        .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}")),
                     m.errors
                 );
+                if m.server_cpu_each.len() > 1 {
+                    let each: Vec<String> = m.server_cpu_each.iter().map(|c| cores(*c)).collect();
+                    println!(
+                        "{:>22} cores of the leader, then each follower: {}",
+                        "",
+                        each.join(", ")
+                    );
+                }
                 results[k][s].push(m);
             }
         }
     }
-    println!("\nreplicated vs single (median over rounds; srv cores = the leader's only)");
     println!(
-        "{:>5} {:>12} {:>12} {:>7} {:>14} {:>14}",
-        "batch", "single ev/s", "repl ev/s", "ratio", "p50 ms s/r", "p99 ms s/r"
+        "\nreplicated vs single (median over rounds; cpu = every server process and this \
+         generator, per event; cpu-bound = the ratio the per-event CPU allows once the machine's \
+         cores are all busy; leader-bound = the same counting only the leader and the generator, \
+         as if each member had a machine like this one)"
+    );
+    println!(
+        "{:>5} {:>12} {:>12} {:>7} {:>14} {:>14} {:>14} {:>9} {:>12}",
+        "batch",
+        "single ev/s",
+        "repl ev/s",
+        "ratio",
+        "p50 ms s/r",
+        "p99 ms s/r",
+        "cpu µs/ev s/r",
+        "cpu-bound",
+        "leader-bound"
     );
     let mut errors = 0;
     for (k, batch) in args.batches.iter().enumerate() {
@@ -268,11 +315,15 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
             crate::followers::median(results[k][s].iter().map(f).collect())
         };
         let (se, re) = (med(0, |m| m.events_per_sec), med(1, |m| m.events_per_sec));
+        let cpu = |s: usize| med(s, |m| cpu_us_per_event(m).unwrap_or(f64::NAN));
         println!(
-            "{batch:>5} {se:>12.0} {re:>12.0} {:>7.3} {:>14} {:>14}",
+            "{batch:>5} {se:>12.0} {re:>12.0} {:>7.3} {:>14} {:>14} {:>14} {:>9.3} {:>12.3}",
             re / se,
             format!("{:.2}/{:.2}", med(0, |m| m.p50_ms), med(1, |m| m.p50_ms)),
             format!("{:.2}/{:.2}", med(0, |m| m.p99_ms), med(1, |m| m.p99_ms)),
+            format!("{:.1}/{:.1}", cpu(0), cpu(1)),
+            cpu(0) / cpu(1),
+            cpu(0) / med(1, |m| leader_us_per_event(m).unwrap_or(f64::NAN)),
         );
         errors += results[k].iter().flatten().map(|m| m.errors).sum::<u64>();
     }
