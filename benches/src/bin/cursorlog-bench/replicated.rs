@@ -291,14 +291,16 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
             }
         }
     }
+    // Cores of this machine, for the CPU-bound estimate.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     println!(
         "\nreplicated vs single (median over rounds; cpu = every server process and this \
-         generator, per event; cpu-bound = the ratio the per-event CPU allows once the machine's \
-         cores are all busy; leader-bound = the same counting only the leader and the generator, \
-         as if each member had a machine like this one)"
+         generator, per event; cores allow = the ratio reached if the replicated side kept its \
+         CPU per event and used every core of this machine ({cores}); leader alone = the same \
+         counting only the leader and the generator, as if each member had a machine like this)"
     );
     println!(
-        "{:>5} {:>12} {:>12} {:>7} {:>14} {:>14} {:>14} {:>9} {:>12}",
+        "{:>5} {:>12} {:>12} {:>7} {:>14} {:>14} {:>14} {:>11} {:>12}",
         "batch",
         "single ev/s",
         "repl ev/s",
@@ -306,8 +308,8 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
         "p50 ms s/r",
         "p99 ms s/r",
         "cpu µs/ev s/r",
-        "cpu-bound",
-        "leader-bound"
+        "cores allow",
+        "leader alone"
     );
     let mut errors = 0;
     for (k, batch) in args.batches.iter().enumerate() {
@@ -317,13 +319,13 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
         let (se, re) = (med(0, |m| m.events_per_sec), med(1, |m| m.events_per_sec));
         let cpu = |s: usize| med(s, |m| cpu_us_per_event(m).unwrap_or(f64::NAN));
         println!(
-            "{batch:>5} {se:>12.0} {re:>12.0} {:>7.3} {:>14} {:>14} {:>14} {:>9.3} {:>12.3}",
+            "{batch:>5} {se:>12.0} {re:>12.0} {:>7.3} {:>14} {:>14} {:>14} {:>11.3} {:>12.3}",
             re / se,
             format!("{:.2}/{:.2}", med(0, |m| m.p50_ms), med(1, |m| m.p50_ms)),
             format!("{:.2}/{:.2}", med(0, |m| m.p99_ms), med(1, |m| m.p99_ms)),
             format!("{:.1}/{:.1}", cpu(0), cpu(1)),
-            cpu(0) / cpu(1),
-            cpu(0) / med(1, |m| leader_us_per_event(m).unwrap_or(f64::NAN)),
+            cores * 1e6 / cpu(1) / se,
+            cores * 1e6 / med(1, |m| leader_us_per_event(m).unwrap_or(f64::NAN)) / se,
         );
         errors += results[k].iter().flatten().map(|m| m.errors).sum::<u64>();
     }
