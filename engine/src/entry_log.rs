@@ -46,7 +46,7 @@ pub(crate) use retire::{HeldSegment, LogBase};
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
 pub use snapshot::{LogSnapshot, SnapshotFile, SnapshotManifest, SnapshotStaging, StagedFile};
 
-use crate::format::VOTE_FILE;
+use crate::format::{CLUSTER_FILE, VOTE_FILE};
 /// The committed index's file.
 const COMMITTED_FILE: &str = "COMMITTED";
 /// The last purged entry's file.
@@ -457,14 +457,37 @@ impl EntryLog {
     /// A damaged vote file (refused, never guessed: a node that forgot its vote could vote
     /// twice in a term); I/O failures.
     pub fn read_vote(&self) -> Result<Option<Vec<u8>>> {
+        self.read_small(VOTE_FILE, "vote")
+    }
+
+    /// Saves the identity of the cluster this member belongs to, durably.
+    ///
+    /// # Errors
+    /// I/O failures; no identity is then saved.
+    pub fn save_cluster(&self, id: &[u8]) -> Result<()> {
         let inner = self.lock();
-        match durable_file::read(inner.fs.as_ref(), &inner.dir, VOTE_FILE)? {
+        durable_file::write(inner.fs.as_ref(), &inner.dir, CLUSTER_FILE, id)
+    }
+
+    /// The cluster identity saved, if any.
+    ///
+    /// # Errors
+    /// A damaged file (refused, never guessed: a member that forgot its cluster could take
+    /// another cluster's entries); I/O failures.
+    pub fn read_cluster(&self) -> Result<Option<Vec<u8>>> {
+        self.read_small(CLUSTER_FILE, "cluster identity")
+    }
+
+    /// A small checksummed file of this log's directory: missing, or its body.
+    fn read_small(&self, name: &str, what: &str) -> Result<Option<Vec<u8>>> {
+        let inner = self.lock();
+        match durable_file::read(inner.fs.as_ref(), &inner.dir, name)? {
             Read::Missing => Ok(None),
             Read::Body(b) => Ok(Some(b)),
             Read::Damaged => Err(Error::Corruption {
-                segment: inner.dir.join(VOTE_FILE),
+                segment: inner.dir.join(name),
                 offset: 0,
-                kind: CorruptionKind::BadBody("the vote file's checksum does not match".into()),
+                kind: CorruptionKind::BadBody(format!("the {what} file's checksum does not match")),
             }),
         }
     }

@@ -93,6 +93,9 @@ pub const LOCK_FILE: &str = "LOCK";
 /// A cluster member's saved vote (FORMAT.md "Replicated log files"); its presence marks a
 /// member's data directory.
 pub const VOTE_FILE: &str = "VOTE";
+/// The cluster a member belongs to (FORMAT.md "Replicated log files"): it refuses Raft
+/// traffic of any other.
+pub const CLUSTER_FILE: &str = "CLUSTER";
 
 const _: () = assert!(
     SEGMENT_HEADER_BYTES == 80,

@@ -167,6 +167,16 @@ impl ClusterAdmin for AdminService {
             ));
         }
         tracing::info!(members = ?self.founders, "forming the cluster (cluster init)");
+        // The cluster's identity is its founders'; a member that already belongs to one keeps
+        // it, and `initialize` below refuses a second formation anyway.
+        let identity = self.node.identity();
+        if identity.current().is_none() {
+            identity
+                .establish(crate::identity::ClusterId::of_founders(&self.founders))
+                .map_err(|e| {
+                    Status::unavailable(format!("cannot save the cluster identity: {e}"))
+                })?;
+        }
         match self.node.raft().initialize(self.founders.clone()).await {
             Ok(()) => Ok(Response::new(self.status())),
             Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {

@@ -25,6 +25,7 @@ pub mod amnesia;
 pub mod append_limit;
 mod client_options;
 pub mod codec;
+pub mod identity;
 pub mod log_store;
 mod log_sync;
 pub mod network;
@@ -38,6 +39,7 @@ pub mod types;
 
 pub use admin::AdminService;
 pub use amnesia::VoteGuard;
+pub use identity::{ClusterId, ClusterIdentity, IdentityError, CLUSTER_HEADER};
 pub use log_store::SegmentLogStore;
 pub use network::{ClientOptions, NetworkClient, NetworkFactory, OptionsError};
 pub use node::{NodeOptions, NodeStatus, RaftProposer, ReplicatedNode, StartError};

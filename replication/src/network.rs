@@ -56,6 +56,7 @@ use tonic::{Code, Status};
 use crate::append_limit::{answer_for_prefix, prefix_to_send, APPEND_BYTES_MAX};
 pub use crate::client_options::{ClientOptions, OptionsError, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::codec::{self, SnapshotHead};
+use crate::identity::{ClusterIdentity, CLUSTER_HEADER};
 use crate::transfer::{snapshot_chunks, unless_stalled, Ended, Progress};
 use crate::types::{NodeId, RaftNode, TypeConfig, Vote};
 
@@ -78,6 +79,8 @@ const APPEND_DEADLINE_MIN: Duration = Duration::from_secs(1);
 pub struct NetworkFactory<SD> {
     id: NodeId,
     options: ClientOptions,
+    /// This node's cluster identity, sent on every request once known.
+    identity: Option<ClusterIdentity>,
     channels: HashMap<String, Channel>,
     _snapshot: PhantomData<fn() -> SD>,
 }
@@ -98,9 +101,17 @@ impl<SD> NetworkFactory<SD> {
         Self {
             id,
             options,
+            identity: None,
             channels: HashMap::new(),
             _snapshot: PhantomData,
         }
+    }
+
+    /// Sends `identity` (once this node has one) in the [`CLUSTER_HEADER`] of every request,
+    /// so a member of another cluster refuses them.
+    pub fn with_identity(mut self, identity: ClusterIdentity) -> Self {
+        self.identity = Some(identity);
+        self
     }
 
     /// A client to `target` at `node.addr` (what openraft's `new_client` returns).
@@ -129,6 +140,7 @@ impl<SD> NetworkFactory<SD> {
                 })
                 .map_err(|err| format!("bad address {addr:?} of node {target}: {err}")),
             authorization: self.options.authorization.clone(),
+            identity: self.identity.clone(),
             max_message_bytes: max,
             _snapshot: PhantomData,
         }
@@ -153,6 +165,7 @@ pub struct NetworkClient<SD> {
     /// The stub, or why the peer's address is unusable (every call is then `Unreachable`).
     client: Result<RaftClient<Channel>, String>,
     authorization: Option<AsciiMetadataValue>,
+    identity: Option<ClusterIdentity>,
     max_message_bytes: usize,
     _snapshot: PhantomData<fn() -> SD>,
 }
@@ -195,11 +208,12 @@ impl Unary {
     }
 }
 
-/// A request with the deadline and the token.
+/// A request with the deadline, the token and the sender's cluster identity.
 fn request<T>(
     message: T,
     deadline: Duration,
     authorization: Option<&AsciiMetadataValue>,
+    identity: Option<&ClusterIdentity>,
 ) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(deadline);
@@ -207,6 +221,10 @@ fn request<T>(
         request
             .metadata_mut()
             .insert("authorization", value.clone());
+    }
+    let cluster = identity.and_then(ClusterIdentity::current);
+    if let Some(value) = cluster.and_then(|id| AsciiMetadataValue::try_from(id.to_string()).ok()) {
+        request.metadata_mut().insert(CLUSTER_HEADER, value);
     }
     request
 }
@@ -241,6 +259,7 @@ impl<SD> NetworkClient<SD> {
             RaftRequest { data: data.into() },
             deadline,
             self.authorization.as_ref(),
+            self.identity.as_ref(),
         );
         let call = async {
             match rpc {
@@ -299,6 +318,8 @@ fn classify(status: &Status) -> Failure {
         Code::Unavailable
         | Code::Unauthenticated
         | Code::PermissionDenied
+        // A member of another cluster (`crate::identity`): back off, as from a dead peer.
+        | Code::FailedPrecondition
         | Code::Unimplemented
         | Code::InvalidArgument
         | Code::Internal => Failure::Unreachable,
@@ -430,7 +451,12 @@ where
         })?;
         // openraft's deadline bounds a stall, not the whole transfer (`crate::transfer`); the
         // call's own gRPC deadline is only an outer cap.
-        let req = request(chunks, TRANSFER_MAX, self.authorization.as_ref());
+        let req = request(
+            chunks,
+            TRANSFER_MAX,
+            self.authorization.as_ref(),
+            self.identity.as_ref(),
+        );
         let result =
             match unless_stalled(client.install_snapshot(req), cancel, &progress, deadline).await {
                 Ended::Cancelled(closed) => return Err(StreamingError::Closed(closed)),
@@ -488,6 +514,7 @@ mod tests {
             Code::Unavailable,
             Code::Unauthenticated,
             Code::PermissionDenied,
+            Code::FailedPrecondition,
             Code::Unimplemented,
         ] {
             assert_eq!(

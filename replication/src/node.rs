@@ -21,6 +21,7 @@ use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ReadPolicy, ServerState};
 
 use crate::amnesia::VoteGuard;
+use crate::identity::{ClusterId, ClusterIdentity, IdentityError};
 use crate::network::{ClientOptions, NetworkFactory};
 use crate::state_machine::EngineStateMachine;
 use crate::types::{ClusterTiming, NodeId, Proposal as RaftProposal, Raft, RaftNode};
@@ -59,6 +60,9 @@ pub enum StartError {
     /// openraft did not start, or the cluster could not be initialized.
     #[error("starting raft: {0}")]
     Raft(String),
+    /// The cluster identity file could not be read or written.
+    #[error("{0}")]
+    Identity(#[from] IdentityError),
 }
 
 /// A running replicated node.
@@ -74,6 +78,8 @@ pub struct ReplicatedNode {
     space_watch: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
     /// The log store openraft writes through, kept to wait out its last sync at shutdown.
     store: SegmentLogStore,
+    /// The cluster this member belongs to (`crate::identity`).
+    identity: ClusterIdentity,
 }
 
 impl std::fmt::Debug for ReplicatedNode {
@@ -130,6 +136,12 @@ impl ReplicatedNode {
             )));
         }
         let fresh = !voted;
+        // A founder (started with its --peers, not --join) knows its cluster before it speaks;
+        // a saved identity stands even if --peers changed since (members come and go).
+        let identity = ClusterIdentity::load(log.clone())?;
+        if identity.current().is_none() && !options.members.is_empty() {
+            identity.establish(ClusterId::of_founders(&options.members))?;
+        }
         let proposer = Arc::new(RaftProposer {
             id: options.id,
             raft: OnceLock::new(),
@@ -151,7 +163,7 @@ impl ReplicatedNode {
         let raft = Raft::new(
             options.id,
             Arc::new(config),
-            NetworkFactory::new(options.id, options.client.clone()),
+            NetworkFactory::new(options.id, options.client.clone()).with_identity(identity.clone()),
             store.clone(),
             EngineStateMachine::new(engine.clone()),
         )
@@ -188,7 +200,14 @@ impl ReplicatedNode {
             vote_guard,
             space_watch,
             store,
+            identity,
         })
+    }
+
+    /// This member's cluster identity: give it to the Raft service
+    /// ([`crate::RaftService::with_identity`]) and to `cluster init`.
+    pub fn identity(&self) -> ClusterIdentity {
+        self.identity.clone()
     }
 
     /// Whether this member may vote yet: give it to the Raft service

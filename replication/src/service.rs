@@ -27,6 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::amnesia::VoteGuard;
 use crate::codec::{self, CodecError, SnapshotHead};
+use crate::identity::ClusterIdentity;
 use crate::network::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::types::{Raft, TypeConfig};
 
@@ -72,6 +73,8 @@ where
     raft: Raft<SM>,
     sink: Arc<K>,
     guard: VoteGuard,
+    /// This member's cluster identity: requests of another cluster are refused.
+    identity: Option<ClusterIdentity>,
 }
 
 impl<SM, K> std::fmt::Debug for RaftService<SM, K>
@@ -96,7 +99,22 @@ where
             raft,
             sink: Arc::new(sink),
             guard: VoteGuard::default(),
+            identity: None,
         }
+    }
+
+    /// Refuses every request that does not carry `identity` (a member without one adopts
+    /// the first presented): see [`crate::identity`].
+    pub fn with_identity(mut self, identity: ClusterIdentity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// Admits a request of this member's cluster (always, without an identity to check).
+    fn admit(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        self.identity
+            .as_ref()
+            .map_or(Ok(()), |identity| identity.admit(metadata))
     }
 
     /// Refuses votes and pre-votes as `guard` says (a member that may have lost its vote).
@@ -185,6 +203,7 @@ where
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
+        self.admit(request.metadata())?;
         let rpc: AppendEntriesRequest<TypeConfig> =
             codec::decode("AppendEntries", &request.get_ref().data).map_err(bad_request)?;
         let leader_commit = rpc.leader_commit;
@@ -203,6 +222,7 @@ where
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        self.admit(request.metadata())?;
         let rpc: VoteRequest<TypeConfig> =
             codec::decode("Vote", &request.get_ref().data).map_err(bad_request)?;
         if let Some(why) = self.guard.refusal(rpc.last_log_id.as_ref()) {
@@ -213,6 +233,7 @@ where
     }
 
     async fn pre_vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        self.admit(request.metadata())?;
         let rpc: VoteRequest<TypeConfig> =
             codec::decode("PreVote", &request.get_ref().data).map_err(bad_request)?;
         if let Some(why) = self.guard.refusal(rpc.last_log_id.as_ref()) {
@@ -226,6 +247,7 @@ where
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
+        self.admit(request.metadata())?;
         let rpc: TransferLeaderRequest<TypeConfig> =
             codec::decode("TransferLeader", &request.get_ref().data).map_err(bad_request)?;
         let response = self
@@ -240,6 +262,7 @@ where
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftReply>, Status> {
+        self.admit(request.metadata())?;
         self.receive_snapshot(request.into_inner())
             .await
             .map(Response::new)

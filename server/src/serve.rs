@@ -362,6 +362,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 cursorlog_replication::SnapshotSpool::in_dir(&args.data_dir),
             )
             .with_vote_guard(node.vote_guard())
+            .with_identity(node.identity())
             .into_server(),
             check.clone(),
         )

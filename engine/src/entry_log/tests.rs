@@ -252,6 +252,28 @@ fn the_vote_is_durable_and_a_damaged_one_is_refused() {
 }
 
 #[test]
+fn the_cluster_identity_is_durable_and_a_damaged_one_is_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    assert_eq!(log.read_cluster().expect("cluster"), None);
+    log.save_cluster(b"0123456789abcdef").expect("save");
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert_eq!(
+        log.read_cluster().expect("cluster"),
+        Some(b"0123456789abcdef".to_vec())
+    );
+    assert_eq!(log.read_vote().expect("vote"), None, "a file of its own");
+    drop(log);
+    let path = dir.path().join(CLUSTER_FILE);
+    let mut b = std::fs::read(&path).expect("read");
+    b[0] ^= 1;
+    std::fs::write(&path, b).expect("write");
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert!(matches!(log.read_cluster(), Err(Error::Corruption { .. })));
+}
+
+#[test]
 fn a_second_open_of_the_directory_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
     let _log = EntryLog::open(config(dir.path())).expect("open");
