@@ -390,12 +390,7 @@ async fn follower_rejoins_after(damage: fn(&Cluster, usize, &mut Rng)) {
             .probe_append(&cluster, "probe-rejoin", stream, seq, b"after")
             .await;
     }
-    cluster.wait_caught_up(cluster.leader(None).await).await;
-    let t = cluster.leader(None).await;
-    assert!(
-        oracle.check_served(&cluster, t).await.is_some(),
-        "leader moved"
-    );
+    oracle.check_served_by_leader(&cluster).await;
     assert!(
         !cluster.logs(leader).contains("RaftCore exited"),
         "the leader's Raft core died when the follower rejoined:\n{}",
@@ -572,12 +567,7 @@ async fn wiped_holder_with_leader_down(leader: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     cluster.restart(leader);
-    let t = cluster.leader(None).await;
-    cluster.wait_caught_up(t).await;
-    assert!(
-        oracle.check_served(&cluster, t).await.is_some(),
-        "leader moved"
-    );
+    oracle.check_served_by_leader(&cluster).await;
     oracle.assert_no_violations();
 }
 
@@ -603,10 +593,6 @@ async fn a_wiped_follower_catches_up_a_log_of_large_entries() {
     cluster.kill(follower);
     cluster.wipe(follower);
     cluster.restart(follower);
-    cluster.wait_caught_up(leader).await;
-    assert!(
-        oracle.check_served(&cluster, leader).await.is_some(),
-        "leader moved"
-    );
+    oracle.check_served_by_leader(&cluster).await;
     oracle.assert_no_violations();
 }
