@@ -15,6 +15,8 @@ use crate::log::Position;
 use crate::record::{Record, StreamSnapshot};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
 
+mod task;
+
 /// Applies `record`, written at `lsn` and `pos`, to the pending index state.
 pub(crate) fn apply(
     txn: &mut Txn<'_>,
@@ -157,6 +159,15 @@ pub(crate) fn apply(
             txn.remove_raw(session_state_key(session));
         }
         Record::Shutdown { .. } | Record::Blank | Record::Membership { .. } => {}
+        Record::TaskCreated(c) => task::created(txn, lsn, c)?,
+        Record::TaskUpdated(u) => task::updated(txn, u)?,
+        Record::TaskInputRequested(r) => task::input_requested(txn, r)?,
+        Record::TaskInputAnswered(a) => task::input_answered(txn, a)?,
+        Record::TaskCancelRequested(c) => task::cancel_requested(txn, c.id, c.version, c.at_ms)?,
+        Record::TaskEnded(e) => task::ended(txn, e)?,
+        Record::TaskDeleted(d) => task::deleted(txn, d)?,
+        Record::TaskSnapshot(s) => task::snapshot(txn, lsn, s)?,
+        Record::TaskForgotten(f) => task::forgotten(txn, f.id)?,
         Record::SessionState(b) => {
             if b.state.is_empty() {
                 txn.remove_raw(session_state_key(&b.session));

@@ -20,12 +20,14 @@ mod idhash;
 mod keys;
 mod layer;
 mod stored;
+mod task;
 mod txn;
 
 pub(crate) use idhash::IdHashing;
 pub(crate) use keys::*;
 use stored::{decode_value, encode_value};
 pub(crate) use stored::{StoreResult, StoredSession, StoredStream};
+pub(crate) use task::*;
 pub(crate) use txn::{StreamCache, Txn};
 
 use chunk::{
@@ -41,7 +43,8 @@ const INDEX_VERSION: &[u8] = b"Mindex_version";
 /// Version of the key schema; a mismatch rebuilds the index from the log.
 /// 1: one `E` key per run start. 2: run starts grouped in `E` chunks (see FORMAT.md).
 /// 3: format 2's frame offsets; `G` session states; `T` ended keys; `M` counts.
-const INDEX_VERSION_VALUE: u32 = 3;
+/// 4: task keys (`K I Y P C D Z X`, markers of kind `K`); task counts in `M counts`.
+const INDEX_VERSION_VALUE: u32 = 4;
 
 /// Typed reads shared by the index and the writer's overlay.
 pub(crate) trait KvRead {
@@ -97,6 +100,10 @@ pub(crate) struct Counts {
     pub live_sessions: i64,
     pub streams: i64,
     pub open_streams: i64,
+    /// Tasks remembered (tombstones included).
+    pub tasks: i64,
+    /// Tasks not deleted.
+    pub live_tasks: i64,
 }
 
 impl Counts {
@@ -105,15 +112,19 @@ impl Counts {
         self.live_sessions += d.live_sessions;
         self.streams += d.streams;
         self.open_streams += d.open_streams;
+        self.tasks += d.tasks;
+        self.live_tasks += d.live_tasks;
     }
 
-    fn encode(self) -> [u8; 32] {
-        let mut b = [0u8; 32];
+    fn encode(self) -> [u8; 48] {
+        let mut b = [0u8; 48];
         for (i, v) in [
             self.sessions,
             self.live_sessions,
             self.streams,
             self.open_streams,
+            self.tasks,
+            self.live_tasks,
         ]
         .into_iter()
         .enumerate()
@@ -129,12 +140,14 @@ impl Counts {
                 b.get(i * 8..i * 8 + 8)?.try_into().ok()?,
             ))
         };
-        (b.len() == 32).then_some(())?;
+        (b.len() == 48).then_some(())?;
         Some(Self {
             sessions: v(0)?,
             live_sessions: v(1)?,
             streams: v(2)?,
             open_streams: v(3)?,
+            tasks: v(4)?,
+            live_tasks: v(5)?,
         })
     }
 }

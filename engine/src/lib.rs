@@ -58,6 +58,7 @@ mod recovery;
 mod retention;
 mod shared;
 mod state;
+mod task;
 mod validate;
 mod verdict;
 mod verify;
@@ -89,6 +90,10 @@ pub use propose::{Proposed, Proposer, Settle};
 pub use read::Follower;
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};
+pub use task::{
+    may_move, EndCause, InputSlot, OutcomeKind, SlotState, TaskMeta, TaskOutcome, TaskRemoval,
+    TaskStatus,
+};
 pub use verdict::{Facts, Resolution, Verdict};
 pub use verify::{
     repair_dir, repair_dir_with, verify_dir, verify_dir_with, RepairReport, SegmentReport,

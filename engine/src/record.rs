@@ -10,7 +10,14 @@ use crate::codec;
 use crate::format::{FrameHeader, BODY_BYTES_MAX, FRAME_HEADER_BYTES};
 use crate::state::{SessionMeta, StreamMeta, StreamState};
 
+mod task;
 mod wire;
+
+pub(crate) use task::{
+    decode_slot, decode_task, encode_slot, encode_task, TaskCancelRequested, TaskCreated,
+    TaskDeleted, TaskEnded, TaskForgotten, TaskInputAnswered, TaskInputRequested, TaskSnapshot,
+    TaskUpdated,
+};
 
 pub(crate) use wire::wire_codec;
 pub(crate) use wire::{decode_session, decode_stream, encode_session, encode_stream};
@@ -32,6 +39,21 @@ pub(crate) mod tag {
     pub const SHUTDOWN: u8 = 13;
     pub const BLANK: u8 = 14;
     pub const MEMBERSHIP: u8 = 15;
+    pub const TASK_CREATED: u8 = 16;
+    pub const TASK_UPDATED: u8 = 17;
+    pub const TASK_INPUT_REQUESTED: u8 = 18;
+    pub const TASK_INPUT_ANSWERED: u8 = 19;
+    pub const TASK_CANCEL_REQUESTED: u8 = 20;
+    pub const TASK_ENDED: u8 = 21;
+    // 22 and 23 are reserved for the task message queues (TaskQueued, TaskDequeued).
+    pub const TASK_DELETED: u8 = 24;
+    pub const TASK_SNAPSHOT: u8 = 25;
+    pub const TASK_FORGOTTEN: u8 = 26;
+
+    /// Whether this build knows the record type.
+    pub(crate) fn is_known(tag: u8) -> bool {
+        matches!(tag, SESSION_OPENED..=TASK_ENDED | TASK_DELETED..=TASK_FORGOTTEN)
+    }
 }
 
 /// An event's stored fields (also the terminal frame inside [`Terminal`]).
@@ -141,6 +163,24 @@ pub(crate) enum Record {
     Membership {
         config: Vec<u8>,
     },
+    /// A task was created; its id is this record's LSN.
+    TaskCreated(TaskCreated),
+    /// A running task's status, message or timing changed.
+    TaskUpdated(TaskUpdated),
+    /// A task asks for input.
+    TaskInputRequested(TaskInputRequested),
+    /// A task's input requests were answered.
+    TaskInputAnswered(TaskInputAnswered),
+    /// A client asked to cancel a running task.
+    TaskCancelRequested(TaskCancelRequested),
+    /// A task ended, with its outcome.
+    TaskEnded(TaskEnded),
+    /// A task's content was deleted; its tombstone stays.
+    TaskDeleted(TaskDeleted),
+    /// Carries a task's state forward before the segment that created it is retired.
+    TaskSnapshot(TaskSnapshot),
+    /// A deleted task past the metadata horizon is forgotten.
+    TaskForgotten(TaskForgotten),
 }
 
 /// A session's opaque state, as set by the front-end.
@@ -220,6 +260,15 @@ impl Record {
             Self::Shutdown { .. } => tag::SHUTDOWN,
             Self::Blank => tag::BLANK,
             Self::Membership { .. } => tag::MEMBERSHIP,
+            Self::TaskCreated(_) => tag::TASK_CREATED,
+            Self::TaskUpdated(_) => tag::TASK_UPDATED,
+            Self::TaskInputRequested(_) => tag::TASK_INPUT_REQUESTED,
+            Self::TaskInputAnswered(_) => tag::TASK_INPUT_ANSWERED,
+            Self::TaskCancelRequested(_) => tag::TASK_CANCEL_REQUESTED,
+            Self::TaskEnded(_) => tag::TASK_ENDED,
+            Self::TaskDeleted(_) => tag::TASK_DELETED,
+            Self::TaskSnapshot(_) => tag::TASK_SNAPSHOT,
+            Self::TaskForgotten(_) => tag::TASK_FORGOTTEN,
         }
     }
 
@@ -291,6 +340,15 @@ impl Record {
                 out.extend_from_slice(config);
                 Ok(())
             }
+            Self::TaskCreated(b) => codec::encode_into(b, out),
+            Self::TaskUpdated(b) => codec::encode_into(b, out),
+            Self::TaskInputRequested(b) => codec::encode_into(b, out),
+            Self::TaskInputAnswered(b) => codec::encode_into(b, out),
+            Self::TaskCancelRequested(b) => codec::encode_into(b, out),
+            Self::TaskEnded(b) => codec::encode_into(b, out),
+            Self::TaskDeleted(b) => codec::encode_into(b, out),
+            Self::TaskSnapshot(b) => codec::encode_into(b, out),
+            Self::TaskForgotten(b) => codec::encode_into(b, out),
         }
     }
 
@@ -390,6 +448,15 @@ impl Record {
             tag::MEMBERSHIP => Self::Membership {
                 config: body.to_vec(),
             },
+            tag::TASK_CREATED => Self::TaskCreated(codec::decode(body)?),
+            tag::TASK_UPDATED => Self::TaskUpdated(codec::decode(body)?),
+            tag::TASK_INPUT_REQUESTED => Self::TaskInputRequested(codec::decode(body)?),
+            tag::TASK_INPUT_ANSWERED => Self::TaskInputAnswered(codec::decode(body)?),
+            tag::TASK_CANCEL_REQUESTED => Self::TaskCancelRequested(codec::decode(body)?),
+            tag::TASK_ENDED => Self::TaskEnded(codec::decode(body)?),
+            tag::TASK_DELETED => Self::TaskDeleted(codec::decode(body)?),
+            tag::TASK_SNAPSHOT => Self::TaskSnapshot(codec::decode(body)?),
+            tag::TASK_FORGOTTEN => Self::TaskForgotten(codec::decode(body)?),
             other => return Err(format!("unknown record type {other}")),
         })
     }

@@ -28,6 +28,9 @@ use crate::error::Result;
 use crate::index::{KvRead, Txn};
 use crate::record::Record;
 use crate::state::StreamState;
+use crate::task::TaskStatus;
+
+mod task;
 
 /// Why a record cannot apply to the state before it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,6 +87,53 @@ pub(crate) enum Rejection {
     /// A session forgotten while it is still live.
     #[error("session {0:?} is forgotten while live")]
     ForgottenWhileLive(String),
+    /// A task id that is not the LSN of its `TaskCreated` record, or is taken.
+    #[error("task id {id} at LSN {lsn}")]
+    TaskIdNotLsn { id: u64, lsn: u64 },
+    /// The owner has a task of this task id already (or its tombstone).
+    #[error("owner {owner:?} has a task {task_id:?} already")]
+    TaskIdTaken { owner: String, task_id: String },
+    /// The owner created a task with this request key already.
+    #[error("owner {owner:?} created a task for request {request_key:?} already")]
+    TaskRequestTaken { owner: String, request_key: String },
+    /// The record names a task the state does not hold.
+    #[error("task {0} is unknown")]
+    UnknownTask(u64),
+    /// The record changes a task whose content was deleted.
+    #[error("task {0} was deleted")]
+    TaskDeleted(u64),
+    /// A change of a task that ended.
+    #[error("task {id} has ended ({status})")]
+    TaskEnded { id: u64, status: TaskStatus },
+    /// A change planned against another version of the task: the compare-and-set failed.
+    #[error("task {id}: version {version} does not follow {current}")]
+    TaskVersion { id: u64, version: u64, current: u64 },
+    /// A status move the protocol does not allow (or a terminal status without `TaskEnded`).
+    #[error("task {id} may not move from {from} to {to}")]
+    TaskMove {
+        id: u64,
+        from: TaskStatus,
+        to: TaskStatus,
+    },
+    /// An input request whose key this task used before (keys are never reused).
+    #[error("task {id}: input key {key:?} was used before")]
+    TaskInputKeyUsed { id: u64, key: String },
+    /// An answer to a key that is not an outstanding input request.
+    #[error("task {id}: input key {key:?} is not outstanding")]
+    TaskInputNotOutstanding { id: u64, key: String },
+    /// A second cancel request.
+    #[error("task {0}: a cancel was requested already")]
+    TaskCancelRequested(u64),
+    /// An expiry before the task's TTL ran out (or of a task without one).
+    #[error("task {id}: its TTL deadline {deadline:?} is not reached at {at_ms}")]
+    TaskTimeNotUp {
+        id: u64,
+        at_ms: u64,
+        deadline: Option<u64>,
+    },
+    /// A task forgotten before its content was deleted.
+    #[error("task {0} is forgotten before it was deleted")]
+    TaskNotDeleted(u64),
     /// A watermark that does not move forward or passes the head.
     #[error("stream {stream}: watermark {watermark} is not in {current}..={limit}")]
     BadWatermark {
@@ -235,6 +285,15 @@ pub(crate) fn validate(
             Some(_) => Ok(()),
         },
         Record::Shutdown { .. } | Record::Blank | Record::Membership { .. } => Ok(()),
+        Record::TaskCreated(c) => task::created(txn, lsn, c)?,
+        Record::TaskUpdated(u) => task::updated(txn, u)?,
+        Record::TaskInputRequested(r) => task::input_requested(txn, r)?,
+        Record::TaskInputAnswered(a) => task::input_answered(txn, a)?,
+        Record::TaskCancelRequested(c) => task::cancel_requested(txn, c)?,
+        Record::TaskEnded(e) => task::ended(txn, e)?,
+        Record::TaskDeleted(d) => task::deleted(txn, d)?,
+        Record::TaskSnapshot(s) => task::snapshot(txn, s)?,
+        Record::TaskForgotten(f) => task::forgotten(txn, f.id)?,
     })
 }
 

@@ -114,7 +114,7 @@ impl Index {
             }
         }
         batch.insert(APPLIED_LSN, &lsn.to_le_bytes());
-        batch.insert(COUNTS, &counts.encode());
+        batch.insert(COUNTS, &counts.encode()[..]);
         batch.insert(INDEX_VERSION, &INDEX_VERSION_VALUE.to_le_bytes());
         Ok(batch)
     }

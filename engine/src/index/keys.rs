@@ -12,6 +12,14 @@ pub(crate) mod prefix {
     pub const ORIGIN: u8 = b'R';
     pub const SESSION_STATE: u8 = b'G';
     pub const ENDED: u8 = b'T';
+    pub const TASK: u8 = b'K';
+    pub const TASK_ID: u8 = b'I';
+    pub const TASK_REQUEST: u8 = b'Y';
+    pub const OWNER_TASK: u8 = b'P';
+    pub const OWNER_COUNT: u8 = b'C';
+    pub const TASK_DEADLINE: u8 = b'D';
+    pub const TASK_OUTCOME: u8 = b'Z';
+    pub const TASK_SLOT: u8 = b'X';
 }
 
 pub(crate) fn session_key(id: &str) -> Vec<u8> {
@@ -48,7 +56,7 @@ pub(crate) fn terminal_frame_key(stream: u64) -> [u8; 9] {
 }
 
 /// Prefix + u16 BE length + session: unambiguous for any session id.
-fn session_scoped(prefix: u8, session: &str) -> Vec<u8> {
+pub(super) fn session_scoped(prefix: u8, session: &str) -> Vec<u8> {
     let len = u16::try_from(session.len()).unwrap_or(u16::MAX);
     let mut k = Vec::with_capacity(3 + session.len() + 16);
     k.push(prefix);
@@ -76,12 +84,14 @@ pub(crate) fn open_stream_key(session: &str, stream: u64) -> Vec<u8> {
 /// Origin marker kinds.
 pub(crate) const ORIGIN_SESSION: u8 = b'N';
 pub(crate) const ORIGIN_STREAM: u8 = b'S';
+pub(crate) const ORIGIN_TASK: u8 = b'K';
 
-/// What an origin or ended key names: a session or a stream.
+/// What an origin or ended key names: a session, a stream or a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Marked<'a> {
     Session(&'a str),
     Stream(u64),
+    Task(u64),
 }
 
 pub(crate) fn origin_key(lsn: u64, kind: u8, id: &[u8]) -> Vec<u8> {
@@ -111,6 +121,7 @@ pub(crate) fn parse_marker_key(k: &[u8]) -> Option<Marked<'_>> {
     match *k.get(9)? {
         ORIGIN_SESSION => std::str::from_utf8(id).ok().map(Marked::Session),
         ORIGIN_STREAM => Some(Marked::Stream(u64::from_be_bytes(id.try_into().ok()?))),
+        ORIGIN_TASK => Some(Marked::Task(u64::from_be_bytes(id.try_into().ok()?))),
         _ => None,
     }
 }

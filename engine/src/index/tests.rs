@@ -236,7 +236,41 @@ fn index_keys_and_values_golden_bytes() {
         live_sessions: 2,
         streams: 5,
         open_streams: 1,
+        tasks: 4,
+        live_tasks: 3,
     };
+    let task = StoredTask {
+        meta: crate::task::TaskMeta {
+            id: 8,
+            owner: "s:a".into(),
+            task_id: "t".into(),
+            request_key: "1".into(),
+            status: crate::task::TaskStatus::InputRequired,
+            status_message: Some("m".into()),
+            version: 2,
+            created_at_ms: 10,
+            updated_at_ms: 11,
+            ttl_ms: Some(100),
+            poll_interval_ms: 5,
+            worker_lease_ms: Some(50),
+            cancel_requested: false,
+            ended_at_ms: None,
+            end_cause: None,
+            deleted_at_ms: None,
+            removal: None,
+            outcome_kind: crate::task::OutcomeKind::None,
+            context: b"c".to_vec(),
+        },
+        origin_lsn: 8,
+    };
+    let slot = crate::task::InputSlot {
+        key: "k".into(),
+        request: b"q".to_vec(),
+        response: Some(b"a".to_vec()),
+        state: crate::task::SlotState::Answered,
+    };
+    let mut slot_value = Vec::new();
+    crate::codec::encode_into(&TaskSlotValue(&slot), &mut slot_value).expect("encodes");
     let frame = crate::record::EventBody {
         stream: 7,
         seq: 4,
@@ -268,6 +302,23 @@ fn index_keys_and_values_golden_bytes() {
             String::new(),
         ),
         ("F", hex(&terminal_frame_key(7)), hex(&encode_value(&frame))),
+        ("K", hex(&task_key(8)), hex(&encode_value(&task))),
+        ("I", hex(&task_id_key("s:a", "t")), hex(&8u64.to_le_bytes())),
+        (
+            "Y",
+            hex(&task_request_key("s:a", "1")),
+            hex(&8u64.to_le_bytes()),
+        ),
+        ("P", hex(&owner_task_key("s:a", 8)), String::new()),
+        ("C", hex(&owner_count_key("s:a")), hex(&1u64.to_le_bytes())),
+        ("D", hex(&task_deadline_key(110, 8)), String::new()),
+        ("Z", hex(&task_outcome_key(8)), hex(b"{}")),
+        ("X", hex(&task_slot_key(8, "k")), hex(&slot_value)),
+        (
+            "R",
+            hex(&origin_key(8, ORIGIN_TASK, &8u64.to_be_bytes())),
+            String::new(),
+        ),
         ("M", hex(COUNTS), hex(&counts.encode())),
         ("M", hex(APPLIED_LSN), hex(&42u64.to_le_bytes())),
         (
@@ -288,7 +339,7 @@ fn index_keys_and_values_golden_bytes() {
     assert_eq!(got.to_vec(), want);
 }
 
-const GOLDEN_INDEX: [(&str, &str, &str); 12] = [
+const GOLDEN_INDEX: &[(&str, &str, &str)] = &[
     ("N", "4e73", "010000000000000073020000000000000001000000000000000109000000000000000500000000000000"),
     ("S", "530000000000000007", "0700000000000000010000000000000073020000000000000002000000040000000000000002000000000000000101000000000000007201000000000000000105000000000000000101000000000000007800000600000000000000"),
     ("E", "4500000000000000070000000000000001", "010100000000000000400000000000000028000000"),
@@ -298,9 +349,18 @@ const GOLDEN_INDEX: [(&str, &str, &str); 12] = [
     ("R", "520000000000000006530000000000000007", ""),
     ("T", "540000000000000005530000000000000007", ""),
     ("F", "460000000000000007", "0700000000000000040000000000000005000000000000000600000000000000726573756c740101000000000000007202000000000000006f6b"),
-    ("M", "4d636f756e7473", "0300000000000000020000000000000005000000000000000100000000000000"),
+    ("K", "4b0000000000000008", "08000000000000000300000000000000733a61010000000000000074010000000000000031010101000000000000006d02000000000000000a000000000000000b0000000000000001640000000000000005000000000000000132000000000000000000000000000100000000000000630800000000000000"),
+    ("I", "490003733a6174", "0800000000000000"),
+    ("Y", "590003733a6131", "0800000000000000"),
+    ("P", "500003733a610000000000000008", ""),
+    ("C", "430003733a61", "0100000000000000"),
+    ("D", "44000000000000006e0000000000000008", ""),
+    ("Z", "5a0000000000000008", "7b7d"),
+    ("X", "5800000000000000086b", "01000000000000006b0100000000000000710101000000000000006101"),
+    ("R", "5200000000000000084b0000000000000008", ""),
+    ("M", "4d636f756e7473", "030000000000000002000000000000000500000000000000010000000000000004000000000000000300000000000000"),
     ("M", "4d6170706c6965645f6c736e", "2a00000000000000"),
-    ("M", "4d696e6465785f76657273696f6e", "03000000"),
+    ("M", "4d696e6465785f76657273696f6e", "04000000"),
 ];
 
 #[test]

@@ -4,8 +4,8 @@
 
 use super::Writer;
 use crate::error::Result;
-use crate::index::{ended_key, origin_key, parse_marker_key, KvRead, Marked, Txn};
-use crate::record::{Record, SessionStateBody, StreamSnapshot};
+use crate::index::{ended_key, origin_key, parse_marker_key, KvRead, Marked, TaskRead, Txn};
+use crate::record::{Record, SessionStateBody, StreamSnapshot, TaskForgotten, TaskSnapshot};
 use crate::verdict::past_horizon;
 
 impl Writer {
@@ -75,6 +75,21 @@ impl Writer {
                         })]
                     }
                 }
+                Marked::Task(id) => {
+                    let Some(t) = txn.stored_task(id)? else {
+                        continue;
+                    };
+                    if past_horizon(t.meta.deleted_at_ms, now, horizon) {
+                        vec![Record::TaskForgotten(TaskForgotten { id, at_ms: now })]
+                    } else {
+                        // Its whole content lives in the index and goes forward with it.
+                        vec![Record::TaskSnapshot(TaskSnapshot {
+                            outcome: txn.task_outcome(id)?,
+                            slots: txn.task_slots(id)?,
+                            meta: t.meta,
+                        })]
+                    }
+                }
             };
             self.emit(records, txn, buf)?;
             done += 1;
@@ -82,7 +97,7 @@ impl Writer {
         Ok(done)
     }
 
-    /// Forgets at most `limit` sessions and streams that ended more than the metadata
+    /// Forgets at most `limit` sessions, streams and task tombstones that ended more than the metadata
     /// horizon ago (oldest first), each in a group of its own, wherever their records are:
     /// index entries, memory and carried-forward state go. Returns how many it forgot.
     pub(super) fn forget(
@@ -109,6 +124,8 @@ impl Writer {
                     at_ms: now,
                 },
                 Some(Marked::Stream(stream)) => Record::StreamForgotten { stream, at_ms: now },
+                // A task's ended key is written when its content is deleted: its tombstone.
+                Some(Marked::Task(id)) => Record::TaskForgotten(TaskForgotten { id, at_ms: now }),
                 None => continue,
             };
             self.emit(vec![record], txn, buf)?;

@@ -1,0 +1,198 @@
+//! The index's task keys and their typed reads (schema in FORMAT.md, "Index key schema").
+//! Owner-scoped keys put the owner's length first, so no owner's keys are a prefix of
+//! another's: a lookup by (owner, task id) can only find that owner's task.
+
+use super::keys::{prefix, session_scoped, ORIGIN_TASK};
+use super::stored::{decode_value, encode_value};
+use super::{KvRead, Txn};
+use crate::error::Result;
+use crate::record::{decode_slot, decode_task, encode_slot, encode_task, wire_codec};
+use crate::task::{InputSlot, TaskMeta};
+
+/// A task with the LSN of the record its state was last carried from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredTask {
+    pub meta: TaskMeta,
+    pub origin_lsn: u64,
+}
+
+wire_codec!(
+    StoredTask,
+    |s, e| {
+        encode_task(&s.meta, e)?;
+        bincode::Encode::encode(&s.origin_lsn, e)
+    },
+    |d| Ok(StoredTask {
+        meta: decode_task(d)?,
+        origin_lsn: bincode::Decode::decode(d)?,
+    })
+);
+
+/// An input slot as an index value.
+struct StoredSlot(InputSlot);
+
+/// An input slot's index value, borrowed (what [`Txn::put_task_slot`] writes).
+pub(crate) struct TaskSlotValue<'a>(pub &'a InputSlot);
+
+impl bincode::Encode for TaskSlotValue<'_> {
+    fn encode<E: bincode::enc::Encoder>(
+        &self,
+        e: &mut E,
+    ) -> Result<(), bincode::error::EncodeError> {
+        encode_slot(self.0, e)
+    }
+}
+
+wire_codec!(StoredSlot, |s, e| encode_slot(&s.0, e), |d| Ok(StoredSlot(
+    decode_slot(d)?
+)));
+
+/// `K` id: the task.
+pub(crate) fn task_key(id: u64) -> [u8; 9] {
+    let mut k = [prefix::TASK; 9];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `I` owner, task id: the lookup by the caller's id.
+pub(crate) fn task_id_key(owner: &str, task_id: &str) -> Vec<u8> {
+    let mut k = session_scoped(prefix::TASK_ID, owner);
+    k.extend_from_slice(task_id.as_bytes());
+    k
+}
+
+/// `Y` owner, request key: idempotent creation.
+pub(crate) fn task_request_key(owner: &str, request_key: &str) -> Vec<u8> {
+    let mut k = session_scoped(prefix::TASK_REQUEST, owner);
+    k.extend_from_slice(request_key.as_bytes());
+    k
+}
+
+/// `P` owner: the owner's tasks in creation order (listing).
+pub(crate) fn owner_tasks_prefix(owner: &str) -> Vec<u8> {
+    session_scoped(prefix::OWNER_TASK, owner)
+}
+
+/// `P` owner, id.
+pub(crate) fn owner_task_key(owner: &str, id: u64) -> Vec<u8> {
+    let mut k = owner_tasks_prefix(owner);
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `C` owner: how many of the owner's tasks are not deleted (the per-owner cap).
+pub(crate) fn owner_count_key(owner: &str) -> Vec<u8> {
+    session_scoped(prefix::OWNER_COUNT, owner)
+}
+
+/// `D` deadline, id: a task's TTL deadline, for the leader's scan.
+pub(crate) fn task_deadline_key(deadline_ms: u64, id: u64) -> [u8; 17] {
+    let mut k = [prefix::TASK_DEADLINE; 17];
+    k[1..9].copy_from_slice(&deadline_ms.to_be_bytes());
+    k[9..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `Z` id: a terminal task's outcome bytes.
+pub(crate) fn task_outcome_key(id: u64) -> [u8; 9] {
+    let mut k = [prefix::TASK_OUTCOME; 9];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `X` id: the task's input slots.
+pub(crate) fn task_slots_prefix(id: u64) -> [u8; 9] {
+    let mut k = [prefix::TASK_SLOT; 9];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `X` id, key: one input slot.
+pub(crate) fn task_slot_key(id: u64, key: &str) -> Vec<u8> {
+    let mut k = task_slots_prefix(id).to_vec();
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// The origin/ended marker id of a task.
+pub(crate) fn task_marker(id: u64) -> (u8, [u8; 8]) {
+    (ORIGIN_TASK, id.to_be_bytes())
+}
+
+fn id_value(v: Option<Vec<u8>>) -> Option<u64> {
+    v.and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
+}
+
+/// Typed reads of the task keys, for the index and the writer's overlay alike.
+pub(crate) trait TaskRead: KvRead {
+    fn stored_task(&self, id: u64) -> Result<Option<StoredTask>> {
+        let k = task_key(id);
+        self.raw_get(&k)?.map(|v| decode_value(&k, &v)).transpose()
+    }
+
+    /// The id of `owner`'s task `task_id` (kept while its tombstone is).
+    fn task_by_task_id(&self, owner: &str, task_id: &str) -> Result<Option<u64>> {
+        Ok(id_value(self.raw_get(&task_id_key(owner, task_id))?))
+    }
+
+    /// The id of the task `owner` created with `request_key` (until it is deleted).
+    fn task_by_request_key(&self, owner: &str, request_key: &str) -> Result<Option<u64>> {
+        Ok(id_value(
+            self.raw_get(&task_request_key(owner, request_key))?,
+        ))
+    }
+
+    /// How many of `owner`'s tasks are not deleted.
+    fn owner_task_count(&self, owner: &str) -> Result<u64> {
+        Ok(id_value(self.raw_get(&owner_count_key(owner))?).unwrap_or(0))
+    }
+
+    /// The outcome bytes of a terminal task (empty when it has none).
+    fn task_outcome(&self, id: u64) -> Result<Vec<u8>> {
+        Ok(self.raw_get(&task_outcome_key(id))?.unwrap_or_default())
+    }
+
+    /// One input slot of a task.
+    fn task_slot(&self, id: u64, key: &str) -> Result<Option<InputSlot>> {
+        let k = task_slot_key(id, key);
+        Ok(self
+            .raw_get(&k)?
+            .map(|v| decode_value::<StoredSlot>(&k, &v))
+            .transpose()?
+            .map(|s| s.0))
+    }
+
+    /// Every input slot of a task, by key.
+    fn task_slots(&self, id: u64) -> Result<Vec<InputSlot>> {
+        self.raw_scan(&task_slots_prefix(id))?
+            .into_iter()
+            .map(|(k, v)| decode_value::<StoredSlot>(&k, &v).map(|s| s.0))
+            .collect()
+    }
+}
+
+impl<T: KvRead + ?Sized> TaskRead for T {}
+
+impl Txn<'_> {
+    pub(crate) fn put_task(&mut self, t: &StoredTask) {
+        self.put_raw(task_key(t.meta.id).to_vec(), encode_value(t));
+    }
+
+    pub(crate) fn put_task_slot(&mut self, id: u64, slot: &InputSlot) {
+        self.put_raw(
+            task_slot_key(id, &slot.key),
+            encode_value(&TaskSlotValue(slot)),
+        );
+    }
+
+    /// Moves `owner`'s count of tasks that are not deleted by `delta`.
+    pub(crate) fn count_owner_task(&mut self, owner: &str, delta: i64) -> Result<()> {
+        let n = self.owner_task_count(owner)?.saturating_add_signed(delta);
+        if n == 0 {
+            self.remove_raw(owner_count_key(owner));
+        } else {
+            self.put_raw(owner_count_key(owner), n.to_le_bytes().to_vec());
+        }
+        Ok(())
+    }
+}
