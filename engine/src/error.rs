@@ -27,6 +27,10 @@ pub enum CorruptionKind {
     BadLength(u64),
     /// A frame decoded but its body is not a valid record of its type.
     BadBody(String),
+    /// A frame whose CRC checks carries a record type this build does not know: a newer
+    /// build wrote it. It is never taken for a torn write, so nothing is cut; run the newer
+    /// build on the directory.
+    UnknownRecordType(u8),
     /// Records do not carry the log sequence numbers their position requires.
     LsnGap {
         /// The LSN the position requires.
@@ -100,6 +104,11 @@ impl std::fmt::Display for CorruptionKind {
             Self::UnknownVersion(v) => write!(f, "unknown format version {v}"),
             Self::BadLength(n) => write!(f, "bad frame length {n}"),
             Self::BadBody(why) => write!(f, "undecodable record body: {why}"),
+            Self::UnknownRecordType(tag) => write!(
+                f,
+                "record type {tag} is unknown to this build: the directory was probably \
+                 written by a newer cursorlog. Open it with that newer build; nothing was cut"
+            ),
             Self::LsnGap { expected, got } => {
                 write!(f, "lsn gap (expected {expected}, found {got})")
             }

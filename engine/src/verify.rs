@@ -9,15 +9,16 @@ use std::path::{Path, PathBuf};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{decode_segment_header, legacy_v1, segment_version, INDEX_DIR};
 use crate::fs::{FileSystem, StdFs};
-use crate::log::frames::{classify_tail, walk, Step, TailDamage, WalkEnd};
+use crate::log::frames::{classify_tail, walk_known, Step, TailDamage, WalkEnd};
 use crate::log::{header_error, list_segments};
 use crate::record::Record;
 
 /// Walks a current-format segment image and says whether damage at its end is a torn,
 /// unsynced write (what recovery cuts) rather than damage to synced data. A frame whose body
-/// does not decode is damage here as it is in recovery's replay (which would refuse it).
+/// does not decode is damage here as it is in recovery's replay (which would refuse it); a
+/// frame of a record type this build does not know is never torn (a newer build wrote it).
 fn walk_image(bytes: &[u8], base: u64) -> Result<(WalkEnd, bool)> {
-    let end = walk(&mut &bytes[..], base, |step| {
+    let end = walk_known(&mut &bytes[..], base, |step| {
         if let Step::Frame(f) = step {
             if let Err(why) = Record::decode(f.header.record_type, f.body) {
                 return Ok(Err(CorruptionKind::BadBody(why)));
@@ -25,7 +26,10 @@ fn walk_image(bytes: &[u8], base: u64) -> Result<(WalkEnd, bool)> {
         }
         Ok(Ok(()))
     })?;
-    let torn = !matches!(classify_tail(bytes, &end), TailDamage::Synced { .. });
+    let torn = matches!(
+        classify_tail(bytes, &end),
+        TailDamage::None | TailDamage::Unsynced { .. }
+    );
     Ok((end, torn))
 }
 
@@ -141,7 +145,8 @@ pub fn verify_dir_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyReport> 
                 }
                 match end.damage {
                     Some((offset, kind)) if !is_tail || !torn => {
-                        let kind = if is_tail {
+                        let newer = matches!(kind, CorruptionKind::UnknownRecordType(_));
+                        let kind = if is_tail && !newer {
                             CorruptionKind::DamageBeforeValidRecords
                         } else {
                             kind
@@ -212,11 +217,13 @@ impl std::fmt::Display for RepairReport {
 /// is truncated.
 /// Damage that would drop acknowledged records — in a sealed segment, or followed by valid
 /// records — is refused unless `accept_loss`; then the log is cut at the first damaged frame
-/// (later segments are deleted) and the index is removed to be rebuilt.
+/// (later segments are deleted) and the index is removed to be rebuilt. A record of a type
+/// this build does not know (a newer build wrote it) is always refused, never cut.
 ///
 /// # Errors
 /// [`Error::Corruption`] describing the damage when it cannot be repaired without loss and
-/// `accept_loss` is false; I/O failures.
+/// `accept_loss` is false, or naming a record of an unknown type
+/// ([`CorruptionKind::UnknownRecordType`]) whatever `accept_loss` says; I/O failures.
 pub fn repair_dir(dir: &Path, accept_loss: bool) -> Result<RepairReport> {
     repair_dir_with(&StdFs, dir, accept_loss)
 }
@@ -264,7 +271,10 @@ pub fn repair_dir_with(fs: &dyn FileSystem, dir: &Path, accept_loss: bool) -> Re
                     None => continue,
                     Some((offset, kind)) => {
                         let lossy = !is_tail || !torn;
-                        if lossy && !accept_loss {
+                        // A newer build's record is never cut, even at the cost of loss the
+                        // operator accepts: that build reads the directory as it is.
+                        let newer = matches!(kind, CorruptionKind::UnknownRecordType(_));
+                        if newer || (lossy && !accept_loss) {
                             return Err(Error::Corruption {
                                 segment: path.clone(),
                                 offset,

@@ -52,6 +52,20 @@ pub fn repair(dir: &Path, accept_loss: bool) -> ExitCode {
             println!("{report}");
             verify(dir)
         }
+        Err(
+            err @ cursorlog_engine::Error::Corruption {
+                kind: cursorlog_engine::CorruptionKind::UnknownRecordType(_),
+                ..
+            },
+        ) => {
+            // Not damage: a newer build's record, which no repair cuts (--accept-loss too).
+            println!("refused: {err}");
+            println!(
+                "this directory holds records of a newer cursorlog: run that build on it \
+                 (do not repair it with this one)"
+            );
+            ExitCode::FAILURE
+        }
         Err(err @ cursorlog_engine::Error::Corruption { .. }) => {
             println!("refused: {err}");
             println!(

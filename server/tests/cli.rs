@@ -176,6 +176,51 @@ fn verify_repair_refuses_lossy_cuts_unless_loss_is_accepted() {
     assert!(cursorlog(&["verify", d]).status.success());
 }
 
+/// CRC-32 (IEEE, reflected; what FORMAT.md's frames carry), bit by bit.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for b in bytes {
+        crc ^= u32::from(*b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xEDB8_8320 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
+}
+
+/// A newer build's record (a type this build does not know, CRC valid) as the last frame:
+/// repair never cuts it, even with `--accept-loss`, and says which build to run instead.
+#[test]
+fn verify_repair_never_cuts_a_newer_builds_record() {
+    let dir = tempfile::tempdir().unwrap();
+    populate(dir.path());
+    let last = segment_files(dir.path()).pop().unwrap();
+    let mut bytes = std::fs::read(&last).unwrap();
+    // FORMAT.md: 80-byte segment header; 48-byte frame headers (body_len at 0, CRC-32 of
+    // bytes 8.. and the body at 4, record type at 44).
+    let (mut at, mut frame) = (80, 80);
+    while at < bytes.len() {
+        frame = at;
+        at += 48 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    }
+    bytes[frame + 44] = 200;
+    let crc = crc32(&bytes[frame + 8..]);
+    bytes[frame + 4..frame + 8].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&last, &bytes).unwrap();
+    let d = dir.path().to_str().unwrap();
+    for args in [
+        &["verify", "--repair", d][..],
+        &["verify", "--repair", "--accept-loss", d],
+    ] {
+        let out = cursorlog(args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(text.contains("newer cursorlog"), "says what to do: {text}");
+        assert!(!text.contains("--accept-loss"), "{text}");
+        assert!(std::fs::read(&last).unwrap() == bytes, "nothing was cut");
+    }
+}
+
 #[test]
 fn verify_repair_truncates_a_torn_tail_without_loss() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,7 +10,7 @@ use crate::format::{
     SEGMENT_HEADER_BYTES,
 };
 use crate::log::{Position, Segment};
-use crate::record::{check_frame, FrameError, Record};
+use crate::record::{check_frame, tag, FrameError, Record};
 
 /// Where frames are read from.
 pub(crate) trait FrameSource {
@@ -262,8 +262,40 @@ pub(crate) fn walk<S: FrameSource>(
     Ok(end)
 }
 
-/// [`walk`], with each complete group's records decoded and handed to `on_group` with their
-/// LSNs and positions (a body that does not decode is damage, like a bad CRC).
+/// Whether this build knows a frame's record type. A frame whose CRC checks with a type it
+/// does not know was written by a newer build: [`CorruptionKind::UnknownRecordType`], which
+/// is never a torn write and never cut (FORMAT.md, "Downgrades and unknown record types").
+pub(crate) fn known_type(record_type: u8) -> std::result::Result<(), CorruptionKind> {
+    if tag::is_known(record_type) {
+        Ok(())
+    } else {
+        Err(CorruptionKind::UnknownRecordType(record_type))
+    }
+}
+
+/// [`walk`], with a frame of a record type this build does not know reported as
+/// [`CorruptionKind::UnknownRecordType`] before `visit` sees it. Every walk that decides what
+/// a segment holds, or what of it to cut, goes through this one.
+///
+/// # Errors
+/// As [`walk`].
+pub(crate) fn walk_known<S: FrameSource>(
+    src: &mut S,
+    base_lsn: u64,
+    mut visit: impl FnMut(Step<'_>) -> Result<std::result::Result<(), CorruptionKind>>,
+) -> Result<WalkEnd> {
+    walk(src, base_lsn, |step| {
+        if let Step::Frame(f) = &step {
+            if let Err(kind) = known_type(f.header.record_type) {
+                return Ok(Err(kind));
+            }
+        }
+        visit(step)
+    })
+}
+
+/// [`walk_known`], with each complete group's records decoded and handed to `on_group` with
+/// their LSNs and positions (a body that does not decode is damage, like a bad CRC).
 ///
 /// # Errors
 /// As [`walk`].
@@ -273,7 +305,7 @@ pub(crate) fn walk_groups<S: FrameSource>(
     mut on_group: impl FnMut(&[(u64, Position, Record)]) -> Result<()>,
 ) -> Result<WalkEnd> {
     let mut group: Vec<(u64, Position, Record)> = Vec::new();
-    walk(src, base_lsn, |step| {
+    walk_known(src, base_lsn, |step| {
         match step {
             Step::Frame(f) => match Record::decode(f.header.record_type, f.body) {
                 Ok(record) => {
@@ -348,14 +380,21 @@ pub(crate) enum TailDamage {
         /// The highest synced offset any surviving frame claims.
         synced_through: u64,
     },
+    /// A frame whose CRC checks carries a record type this build does not know (the walk
+    /// found [`CorruptionKind::UnknownRecordType`]): a newer build's record, never a torn
+    /// write, wherever it is. Recovery, verify and repair refuse it and never cut it.
+    UnknownRecordType(u8),
 }
 
 /// Classifies the damage a walk of the tail segment found: it is a torn unsynced write
 /// unless some CRC-valid frame, before or after the damage, says the bytes there had been
-/// synced (`synced_through` beyond the last complete group's end).
+/// synced (`synced_through` beyond the last complete group's end), or the damage is a frame
+/// of a record type this build does not know (never torn).
 pub(crate) fn classify_tail(bytes: &[u8], end: &WalkEnd) -> TailDamage {
-    let Some((damage_at, _)) = end.damage else {
-        return TailDamage::None;
+    let damage_at = match end.damage {
+        None => return TailDamage::None,
+        Some((_, CorruptionKind::UnknownRecordType(t))) => return TailDamage::UnknownRecordType(t),
+        Some((at, _)) => at,
     };
     let (after, synced_after) = valid_frames_after(bytes, damage_at, end.last_lsn);
     let synced = end.synced_through.max(synced_after);

@@ -13,7 +13,7 @@ use crate::format::{
     SyncPolicyTag, BOOT_ID_BYTES, FORMAT_VERSION, SEGMENT_HEADER_BYTES,
 };
 use crate::fs::FileSystem;
-use crate::log::frames::{classify_tail, walk, Step, TailDamage};
+use crate::log::frames::{classify_tail, walk_known, Step, TailDamage};
 use crate::log::{sync_dir, upgrade, CleanMark, Log, LogPoint, LogWriter, Segment};
 use crate::record::tag;
 
@@ -147,14 +147,16 @@ pub(crate) fn open(
         });
     };
 
-    // Tail first: find where the log really ends and how the previous run ended.
+    // Tail first: find where the log really ends and how the previous run ended. A frame of
+    // a record type this build does not know stops the walk (a newer build wrote it): it is
+    // refused below, never cut as a torn tail.
     let tail_bytes = fs
         .read(&tail_path)
         .map_err(Error::io(format!("reading {}", tail_path.display())))?;
     let tail_header = read_header(&tail_path, &tail_bytes, tail_base)?;
     let mut last_type = None;
     let mut group_last_type = None;
-    let end = walk(&mut tail_bytes.as_slice(), tail_base, |step| {
+    let end = walk_known(&mut tail_bytes.as_slice(), tail_base, |step| {
         match step {
             Step::Frame(f) => group_last_type = Some(f.header.record_type),
             Step::GroupEnd => last_type = group_last_type,
@@ -165,6 +167,24 @@ pub(crate) fn open(
     let mut frames_dropped = 0;
     match classify_tail(&tail_bytes, &end) {
         TailDamage::None => {}
+        TailDamage::UnknownRecordType(record_type) => {
+            let offset = end.damage.as_ref().map_or(end.valid_end, |(at, _)| *at);
+            tracing::error!(
+                path = %tail_path.display(), offset, record_type,
+                "a record of a type this build does not know (written by a newer build): \
+                 refusing to open rather than cut it"
+            );
+            // Nothing changed the log: put back the mark taken above, so that the newer
+            // build finds the directory exactly as it left it.
+            if let Some(mark) = clean_mark {
+                mark.write(fs.as_ref(), dir)?;
+            }
+            return Err(Error::Corruption {
+                segment: tail_path,
+                offset,
+                kind: CorruptionKind::UnknownRecordType(record_type),
+            });
+        }
         TailDamage::Synced { synced_through } => {
             let (offset, kind) = end
                 .damage

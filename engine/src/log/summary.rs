@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
-use crate::log::frames::{walk, Step, Windowed};
+use crate::log::frames::{walk_known, Step, Windowed};
 use crate::log::Segment;
 use crate::record::{tag, Record};
 
@@ -53,8 +53,10 @@ fn summarize(seg: &Segment) -> Result<SegmentSummary> {
     };
     // Window by window (positional reads, not the map, so nothing stays resident), frame by
     // frame. A frame that does not check is an error, never the end of the summary: a
-    // summary missing the streams after it could call live events dead and retire them.
-    let end = walk(&mut Windowed::new(seg), seg.base_lsn(), |step| {
+    // summary missing the streams after it could call live events dead and retire them. A
+    // record of a type this build does not know is one such frame (it may be a newer
+    // build's record that keeps events alive).
+    let end = walk_known(&mut Windowed::new(seg), seg.base_lsn(), |step| {
         let Step::Frame(f) = step else {
             return Ok(Ok(()));
         };

@@ -109,6 +109,50 @@ fn groups_are_kept_whole_or_not_at_all() {
     assert!(end2.damage.is_some() && end.damage.is_none());
 }
 
+/// The last frame of a segment of single-record groups, re-tagged `record_type` with a valid
+/// CRC (how a newer build's record looks to this one), and its offset.
+fn with_last_retagged(record_type: u8) -> (Vec<u8>, u64) {
+    let mut bytes = segment(5, 1);
+    let end = walk_all(&segment(4, 1));
+    let at = end.valid_end as usize;
+    bytes[at + 44] = record_type;
+    let crc = crate::format::frame_crc_contiguous(&bytes[at..]);
+    bytes[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+    (bytes, at as u64)
+}
+
+/// A frame whose CRC checks but whose type this build does not know is a newer build's
+/// record: never a torn tail, even as the last frame of the segment claiming nothing beyond
+/// its own offset (what an unsynced write looks like).
+#[test]
+fn an_unknown_record_type_is_never_a_torn_tail() {
+    let (bytes, at) = with_last_retagged(200);
+    let end = walk_known(&mut &bytes[..], 1, |_| Ok(Ok(()))).unwrap();
+    assert_eq!(
+        end.damage,
+        Some((at, CorruptionKind::UnknownRecordType(200)))
+    );
+    assert_eq!(
+        classify_tail(&bytes, &end),
+        TailDamage::UnknownRecordType(200)
+    );
+    let end = walk_groups(&mut &bytes[..], 1, |_| Ok(())).unwrap();
+    assert_eq!(
+        end.damage,
+        Some((at, CorruptionKind::UnknownRecordType(200)))
+    );
+    // A known type whose body does not decode stays `BadBody`, and stays a torn tail.
+    let (bytes, at) = with_last_retagged(tag::BLANK);
+    let end = walk_groups(&mut &bytes[..], 1, |_| Ok(())).unwrap();
+    assert!(matches!(end.damage, Some((a, CorruptionKind::BadBody(_))) if a == at));
+    assert!(matches!(
+        classify_tail(&bytes, &end),
+        TailDamage::Unsynced { .. }
+    ));
+    // The bare walk reads frames, not record types (the replicated log's offset tables).
+    assert_eq!(walk_all(&bytes).damage, None);
+}
+
 /// The last write lost some of its sectors (not a prefix): valid frames of the same
 /// unsynced write follow the damage, yet it is a torn write, not corruption.
 #[test]
