@@ -8,6 +8,13 @@ use crate::cursor::Cursor;
 use crate::record::EventBody;
 use crate::state::StreamState;
 
+mod task;
+pub use task::{
+    CancelMode, CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange,
+    TaskFinish, TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView,
+    TaskWritten,
+};
+
 /// An event as handed in by a producer; cursorlog assigns its seq and time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEvent {

@@ -84,6 +84,46 @@ impl Default for Retention {
     }
 }
 
+/// Limits and defaults of durable MCP tasks (docs/TASKS-DESIGN.md §1.7, §1.8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskLimits {
+    /// A task created without a TTL lives this long. Default 1 h.
+    pub ttl_default: Duration,
+    /// Longest TTL granted: a longer (or unlimited) one is clamped to it, and the task says
+    /// which it got (the protocol lets the receiver choose). Default 24 h.
+    pub ttl_max: Duration,
+    /// The poll interval a task gets when its creator names none. Default 1 s (the SDKs').
+    pub poll_interval_default: Duration,
+    /// Most tasks one owner may have that are not deleted: one more is refused with
+    /// [`crate::Error::AtCapacity`] until some expire or are deleted. Default 10,000.
+    pub per_owner_max: u64,
+    /// Most tasks, all owners together, that are not deleted. Default 1,000,000.
+    pub tasks_max: u64,
+    /// Largest opaque context a task keeps (the request that created it), in bytes.
+    /// Default 64 KiB.
+    pub context_bytes_max: u32,
+    /// Largest status message, in bytes. Default 4 KiB.
+    pub status_message_bytes_max: u32,
+    /// Most bytes of input requests and answers one task may hold over its life (they are
+    /// kept until it is deleted, and carried forward with it). Default 4 MiB.
+    pub input_bytes_max: u32,
+}
+
+impl Default for TaskLimits {
+    fn default() -> Self {
+        Self {
+            ttl_default: Duration::from_secs(3600),
+            ttl_max: Duration::from_secs(24 * 3600),
+            poll_interval_default: Duration::from_secs(1),
+            per_owner_max: 10_000,
+            tasks_max: 1_000_000,
+            context_bytes_max: 64 * 1024,
+            status_message_bytes_max: 4 * 1024,
+            input_bytes_max: 4 * 1024 * 1024,
+        }
+    }
+}
+
 /// Engine configuration. [`Config::new`] gives production defaults for a directory.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -146,6 +186,8 @@ pub struct Config {
     /// for tests that move a [`crate::ManualClock`] and count what each pass expired, which a
     /// background pass would otherwise race. Free-space checks and retention run either way.
     pub background_expiry: bool,
+    /// Durable MCP tasks: limits and defaults.
+    pub tasks: TaskLimits,
 }
 
 impl Config {
@@ -170,6 +212,7 @@ impl Config {
             clock: Arc::new(SystemClock),
             retention: Retention::default(),
             background_expiry: true,
+            tasks: TaskLimits::default(),
         }
     }
 }

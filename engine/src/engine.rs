@@ -14,7 +14,7 @@ use crate::background::{
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::format::{PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
+use crate::format::{BODY_BYTES_MAX, PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
 use crate::lost::LostWrites;
 use crate::mailbox::{send, wait, Command, Mailbox, Reply};
@@ -25,9 +25,11 @@ use crate::writer::Writer;
 
 mod query;
 mod replica;
+mod tasks;
 
 pub use crate::member::Progress;
 pub use replica::Applied;
+pub use tasks::{TASK_PAGE_DEFAULT, TASK_PAGE_MAX};
 mod write;
 mod write_async;
 
@@ -172,6 +174,40 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
         return Err(Error::invalid(
             "session_idle_ttl",
             "must be at least 1 ms when given (None keeps idle sessions)",
+        ));
+    }
+    validate_task_limits(c)
+}
+
+/// A task's whole state must fit one snapshot record: its context, message, ids, every
+/// input it ever held and its outcome (at most one payload) under [`BODY_BYTES_MAX`].
+fn validate_task_limits(c: &Config) -> Result<()> {
+    let t = &c.tasks;
+    if t.ttl_max.is_zero() || t.ttl_default.is_zero() || t.ttl_default > t.ttl_max {
+        return Err(Error::invalid(
+            "tasks.ttl_default",
+            "must be at least 1 ms and at most tasks.ttl_max",
+        ));
+    }
+    if t.per_owner_max == 0 || t.tasks_max == 0 {
+        return Err(Error::invalid(
+            "tasks.per_owner_max",
+            "task caps must be at least 1",
+        ));
+    }
+    let whole = u64::from(t.context_bytes_max)
+        + u64::from(t.status_message_bytes_max)
+        + u64::from(t.input_bytes_max)
+        + u64::from(c.payload_bytes_max)
+        + 3 * u64::from(c.id_bytes_max)
+        + 1024;
+    if whole > u64::from(BODY_BYTES_MAX) {
+        return Err(Error::invalid(
+            "tasks.input_bytes_max",
+            format!(
+                "a task's context, message, inputs and outcome (payload_bytes_max) add up to \
+                 {whole} bytes, above one record's {BODY_BYTES_MAX}: lower one of them"
+            ),
         ));
     }
     Ok(())

@@ -301,6 +301,38 @@ pub enum Error {
         /// What is unsupported.
         reason: String,
     },
+    /// No task of this id for this owner (never created, another owner's, or deleted).
+    #[error("task {task_id:?} not found")]
+    UnknownTask {
+        /// The task id asked for.
+        task_id: String,
+    },
+    /// The owner has a task of this id, created by another request.
+    #[error("task {task_id:?} exists already (created by another request); pick another task id")]
+    TaskExists {
+        /// The task id asked for.
+        task_id: String,
+    },
+    /// The task has ended; its status never changes again.
+    #[error("task {task_id:?} is {status}: a task that ended never changes")]
+    TaskTerminated {
+        /// The task.
+        task_id: String,
+        /// The status it ended in (the winner's, when two writers raced to end it).
+        status: crate::TaskStatus,
+    },
+    /// A compare-and-set on the task's version failed: it changed since the caller read it.
+    #[error(
+        "task {task_id:?} is at version {version}, not {expected_version}: read it again and retry"
+    )]
+    TaskConflict {
+        /// The task.
+        task_id: String,
+        /// The version the caller expected.
+        expected_version: u64,
+        /// The version it is at.
+        version: u64,
+    },
 }
 
 /// A hard cap on live state ([`Error::AtCapacity`]).
@@ -311,6 +343,10 @@ pub enum LiveLimit {
     Sessions,
     /// Open streams with a producer lease: [`crate::Config::leased_streams_max`].
     LeasedStreams,
+    /// Tasks of one owner that are not deleted: [`crate::TaskLimits::per_owner_max`].
+    TasksPerOwner,
+    /// Tasks of all owners that are not deleted: [`crate::TaskLimits::tasks_max`].
+    Tasks,
 }
 
 impl LiveLimit {
@@ -319,6 +355,8 @@ impl LiveLimit {
         match self {
             Self::Sessions => "Config::live_sessions_max",
             Self::LeasedStreams => "Config::leased_streams_max",
+            Self::TasksPerOwner => "Config::tasks.per_owner_max",
+            Self::Tasks => "Config::tasks.tasks_max",
         }
     }
 }
@@ -328,6 +366,8 @@ impl std::fmt::Display for LiveLimit {
         f.write_str(match self {
             Self::Sessions => "live sessions",
             Self::LeasedStreams => "leased open streams",
+            Self::TasksPerOwner => "tasks of this owner",
+            Self::Tasks => "tasks",
         })
     }
 }

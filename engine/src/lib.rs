@@ -68,13 +68,18 @@ pub use api::{
     Append, Appended, BatchWrite, BatchWritten, EpochAdvanced, Event, NewEvent, OpenStream,
     Outcome, ReadBatch, SessionExpired, SessionInfo, SessionView, Stats, StreamInfo, Terminated,
 };
+pub use api::{
+    CancelMode, CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange,
+    TaskFinish, TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView,
+    TaskWritten,
+};
 /// The payload type of [`Event`], re-exported so callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{Config, Retention, SyncPolicy};
+pub use config::{Config, Retention, SyncPolicy, TaskLimits};
 pub use cursor::{Cursor, CursorError};
 pub use engine::{Applied, Progress};
-pub use engine::{Engine, WeakEngine};
+pub use engine::{Engine, WeakEngine, TASK_PAGE_DEFAULT, TASK_PAGE_MAX};
 pub use entry_log::{
     EntryId, EntryLog, EntryLogConfig, EntryLogState, EntryPayload, LogEntry, Proposal,
     ProposalError, ProposedRecord,

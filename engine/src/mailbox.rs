@@ -8,8 +8,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 
 use crate::api::{
-    Append, Appended, EpochAdvanced, NewEvent, OpenStream, SessionExpired, SessionInfo, StreamInfo,
-    Terminated,
+    Append, Appended, CreatedTask, EpochAdvanced, InputAnswered, NewEvent, NewTask, OpenStream,
+    SessionExpired, SessionInfo, StreamInfo, TaskCancel, TaskCancelled, TaskChange, TaskFinish,
+    TaskInputAnswer, TaskInputRequest, TaskRef, TaskWritten, Terminated,
 };
 use crate::error::{Error, Result};
 use crate::shared::Shared;
@@ -67,7 +68,46 @@ pub(crate) enum Command {
         bases: Vec<u64>,
         streams: Vec<u64>,
     },
+    /// A durable MCP task's write.
+    Task(TaskCommand),
     Sync,
+}
+
+/// The task writes (docs/TASKS-DESIGN.md §3), planned in `writer/plan/task.rs`.
+#[derive(Debug)]
+pub(crate) enum TaskCommand {
+    Create(NewTask),
+    Change(TaskChange),
+    RequestInput(TaskInputRequest),
+    Answer(TaskInputAnswer),
+    Cancel(TaskCancel),
+    Finish(TaskFinish),
+    Delete(TaskRef),
+}
+
+impl TaskCommand {
+    /// The bytes it carries (for the writer queue's admission).
+    fn bytes(&self) -> u64 {
+        let pairs = |v: &[(String, Vec<u8>)]| -> u64 {
+            v.iter().map(|(k, b)| (k.len() + b.len()) as u64).sum()
+        };
+        match self {
+            Self::Create(t) => t.context.len() as u64,
+            Self::RequestInput(r) => pairs(&r.requests),
+            Self::Answer(a) => pairs(&a.responses),
+            Self::Finish(f) => f.outcome.json.len() as u64,
+            Self::Change(_) | Self::Cancel(_) | Self::Delete(_) => 0,
+        }
+    }
+}
+
+/// The writer's answer to a [`TaskCommand`].
+#[derive(Debug)]
+pub(crate) enum TaskReply {
+    Created(CreatedTask),
+    Written(TaskWritten),
+    Answered(InputAnswered),
+    Cancelled(TaskCancelled),
 }
 
 impl Command {
@@ -89,6 +129,7 @@ impl Command {
             Self::Terminate { frame: Some(f), .. } => BASE + f.payload.len() as u64,
             Self::OpenSession { state: Some(s), .. } => BASE + s.len() as u64,
             Self::SetSessionState { state, .. } => BASE + state.len() as u64,
+            Self::Task(t) => BASE + t.bytes(),
             _ => BASE,
         }
     }
@@ -106,6 +147,7 @@ pub(crate) enum Reply {
     Watermark(u64),
     /// How many items a carry-forward or forget pass left or did.
     Count(usize),
+    Task(Box<TaskReply>),
     Done,
 }
 

@@ -73,6 +73,12 @@ pub(crate) fn owner_tasks_prefix(owner: &str) -> Vec<u8> {
     session_scoped(prefix::OWNER_TASK, owner)
 }
 
+/// The first key after every `P` key of `owner`.
+pub(crate) fn owner_tasks_prefix_end(owner: &str) -> Vec<u8> {
+    // The prefix byte is not 0xFF, so there is always a key past the owner's.
+    super::prefix_end(&owner_tasks_prefix(owner)).unwrap_or_else(|| vec![prefix::OWNER_TASK + 1])
+}
+
 /// `P` owner, id.
 pub(crate) fn owner_task_key(owner: &str, id: u64) -> Vec<u8> {
     let mut k = owner_tasks_prefix(owner);

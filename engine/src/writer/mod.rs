@@ -332,6 +332,7 @@ impl Writer {
                     | Command::OpenSession { .. }
                     | Command::OpenStream(_)
                     | Command::AdvanceEpoch(_)
+                    | Command::Task(crate::mailbox::TaskCommand::Create(_))
             );
             let planned = self.plan(cmd, &mut txn, &mut buf);
             if self.overlay_broken || matches!(planned, Err(Error::Index(_))) {

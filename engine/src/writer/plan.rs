@@ -10,7 +10,7 @@ use crate::cursor::Cursor;
 use crate::error::{Error, LiveLimit, Result};
 use crate::format::FRAME_HEADER_BYTES;
 use crate::index::{origin_key, KvRead, Txn};
-use crate::mailbox::{Command, Reply};
+use crate::mailbox::{Command, Reply, TaskCommand};
 use crate::record::{
     check_frame, decode_event_view, EventBody, EventView, Record, SessionStateBody, StreamOpened,
     Terminal,
@@ -19,6 +19,7 @@ use crate::state::{StreamMeta, StreamState};
 use std::sync::atomic::Ordering;
 
 mod live;
+mod task;
 use live::named_session;
 
 impl Writer {
@@ -199,6 +200,7 @@ impl Writer {
                 }))
             }
             Command::Append(req) => self.plan_append(req, txn, buf, now),
+            Command::Task(t) => self.plan_task(t, txn, buf, now),
             Command::Terminate {
                 session,
                 stream,
@@ -479,6 +481,13 @@ fn cmd_needs_space(cmd: &Command) -> bool {
             | Command::OpenStream(_)
             | Command::SetSessionState { .. }
             | Command::Terminate { frame: Some(_), .. }
+            | Command::Task(
+                TaskCommand::Create(_)
+                    | TaskCommand::Change(_)
+                    | TaskCommand::RequestInput(_)
+                    | TaskCommand::Answer(_)
+                    | TaskCommand::Finish(_)
+            )
     )
 }
 

@@ -60,6 +60,7 @@ pub(super) fn named_session(cmd: &Command) -> Option<&str> {
         | Command::CarryForward { .. }
         | Command::Forget { .. }
         | Command::Retire { .. }
+        | Command::Task(_)
         | Command::Sync => None,
     }
 }

@@ -1,0 +1,424 @@
+//! The task side of the facade (docs/TASKS-DESIGN.md): durable MCP tasks. Writes are
+//! checked here (nothing is queued for a malformed one), planned by the writer against the
+//! current state with the task's version as compare-and-set, and answered once durable (on
+//! a cluster: once applied after commit). Reads answer from the index, with a verdict.
+
+use crate::api::{
+    CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange, TaskFinish,
+    TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView, TaskWritten,
+};
+use crate::error::{Error, Result};
+use crate::index::{owner_task_key, owner_tasks_prefix, TaskRead};
+use crate::mailbox::{send_async, Command, Reply, TaskCommand, TaskReply};
+use crate::task::{OutcomeKind, SlotState, TaskOutcome, TaskRemoval};
+use crate::verdict::past_horizon;
+
+use super::{unexpected, Engine};
+
+/// Most tasks one list page holds.
+pub const TASK_PAGE_MAX: u32 = 1000;
+/// The page size of a list call that names none (the TS SDK's in-memory store's).
+pub const TASK_PAGE_DEFAULT: u32 = 10;
+
+impl Engine {
+    /// Creates a task, durably, or returns the one `request_key` created before.
+    ///
+    /// # Errors
+    /// Invalid fields; [`Error::TaskExists`] when the owner has the task id from another
+    /// request; [`Error::AtCapacity`] at a task cap; write failures.
+    pub fn create_task(&self, req: NewTask) -> Result<CreatedTask> {
+        self.check_new_task(&req)?;
+        created(self.task_write(TaskCommand::Create(req))?)
+    }
+
+    /// [`Engine::create_task`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::create_task`].
+    pub async fn create_task_async(&self, req: NewTask) -> Result<CreatedTask> {
+        self.check_new_task(&req)?;
+        created(self.task_write_async(TaskCommand::Create(req)).await?)
+    }
+
+    /// Changes a running task's status (working ↔ input_required), message or timing.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`]; [`Error::TaskTerminated`]; [`Error::TaskConflict`] when
+    /// `expected_version` is not the task's; a terminal status (use [`Engine::finish_task`]).
+    pub fn change_task(&self, req: TaskChange) -> Result<TaskWritten> {
+        self.check_change(&req)?;
+        written(self.task_write(TaskCommand::Change(req))?)
+    }
+
+    /// [`Engine::change_task`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::change_task`].
+    pub async fn change_task_async(&self, req: TaskChange) -> Result<TaskWritten> {
+        self.check_change(&req)?;
+        written(self.task_write_async(TaskCommand::Change(req)).await?)
+    }
+
+    /// Records input requests of a running task and moves it to `input_required`.
+    ///
+    /// # Errors
+    /// As [`Engine::change_task`]; a key the task used before; [`Error::TooLarge`] past
+    /// `tasks.input_bytes_max`.
+    pub fn request_task_input(&self, req: TaskInputRequest) -> Result<TaskWritten> {
+        self.check_input_request(&req)?;
+        written(self.task_write(TaskCommand::RequestInput(req))?)
+    }
+
+    /// [`Engine::request_task_input`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::request_task_input`].
+    pub async fn request_task_input_async(&self, req: TaskInputRequest) -> Result<TaskWritten> {
+        self.check_input_request(&req)?;
+        written(
+            self.task_write_async(TaskCommand::RequestInput(req))
+                .await?,
+        )
+    }
+
+    /// Records answers to outstanding input requests, each exactly once; the others are
+    /// ignored and reported. The last answer moves the task back to `working`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`]; invalid keys; [`Error::TooLarge`].
+    pub fn answer_task_input(&self, req: TaskInputAnswer) -> Result<InputAnswered> {
+        self.check_input_answer(&req)?;
+        answered(self.task_write(TaskCommand::Answer(req))?)
+    }
+
+    /// [`Engine::answer_task_input`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::answer_task_input`].
+    pub async fn answer_task_input_async(&self, req: TaskInputAnswer) -> Result<InputAnswered> {
+        self.check_input_answer(&req)?;
+        answered(self.task_write_async(TaskCommand::Answer(req)).await?)
+    }
+
+    /// Cancels a task: records the request (the 2026 cooperative cancel) or ends it
+    /// `cancelled` (the 2025 `tasks/cancel`). A task that ended is acknowledged unchanged.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`].
+    pub fn cancel_task(&self, req: TaskCancel) -> Result<TaskCancelled> {
+        self.check_task_ref(&req.task)?;
+        self.check_message(req.status_message.as_deref())?;
+        cancelled(self.task_write(TaskCommand::Cancel(req))?)
+    }
+
+    /// [`Engine::cancel_task`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::cancel_task`].
+    pub async fn cancel_task_async(&self, req: TaskCancel) -> Result<TaskCancelled> {
+        self.check_task_ref(&req.task)?;
+        self.check_message(req.status_message.as_deref())?;
+        cancelled(self.task_write_async(TaskCommand::Cancel(req)).await?)
+    }
+
+    /// Ends a task with its terminal status and outcome, in one record. A retry (the same
+    /// status, and the same outcome or none) answers `duplicate` and writes nothing.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`]; [`Error::TaskTerminated`] naming the status it ended in, when
+    /// another call ended it first; [`Error::TaskConflict`]; [`Error::TooLarge`].
+    pub fn finish_task(&self, req: TaskFinish) -> Result<TaskWritten> {
+        self.check_finish(&req)?;
+        written(self.task_write(TaskCommand::Finish(req))?)
+    }
+
+    /// [`Engine::finish_task`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::finish_task`].
+    pub async fn finish_task_async(&self, req: TaskFinish) -> Result<TaskWritten> {
+        self.check_finish(&req)?;
+        written(self.task_write_async(TaskCommand::Finish(req)).await?)
+    }
+
+    /// Deletes a task's content now; its tombstone answers [`TaskVerdict::Deleted`] until
+    /// the metadata horizon.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`].
+    pub fn delete_task(&self, task: TaskRef) -> Result<TaskWritten> {
+        self.check_task_ref(&task)?;
+        written(self.task_write(TaskCommand::Delete(task))?)
+    }
+
+    /// [`Engine::delete_task`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::delete_task`].
+    pub async fn delete_task_async(&self, task: TaskRef) -> Result<TaskWritten> {
+        self.check_task_ref(&task)?;
+        written(self.task_write_async(TaskCommand::Delete(task)).await?)
+    }
+
+    /// The task `task.task_id` of `task.owner`, as a verdict: found, expired, deleted or
+    /// unknown (another owner's task is unknown). With `include_outcome`, a terminal task's
+    /// result or error comes with it.
+    ///
+    /// # Errors
+    /// Invalid ids; index failures.
+    pub fn task(&self, task: &TaskRef, include_outcome: bool) -> Result<TaskView> {
+        self.check_task_ref(task)?;
+        let shared = &self.inner.shared;
+        let index = &shared.index;
+        let unknown = TaskView {
+            verdict: TaskVerdict::Unknown,
+            task: None,
+            outcome: None,
+            outstanding: Vec::new(),
+        };
+        let Some(id) = index.task_by_task_id(&task.owner, &task.task_id)? else {
+            return Ok(unknown);
+        };
+        let Some(stored) = index.stored_task(id)? else {
+            return Ok(unknown);
+        };
+        let meta = stored.meta;
+        if let Some(removal) = meta.removal {
+            if past_horizon(meta.deleted_at_ms, shared.now_ms(), shared.horizon_ms()) {
+                return Ok(unknown);
+            }
+            return Ok(TaskView {
+                verdict: match removal {
+                    TaskRemoval::Expired => TaskVerdict::Expired,
+                    TaskRemoval::Deleted => TaskVerdict::Deleted,
+                },
+                task: Some(meta),
+                outcome: None,
+                outstanding: Vec::new(),
+            });
+        }
+        let outcome = if include_outcome && meta.status.is_terminal() {
+            Some(TaskOutcome {
+                kind: meta.outcome_kind,
+                json: index.task_outcome(id)?,
+            })
+        } else {
+            None
+        };
+        let outstanding = index
+            .task_slots(id)?
+            .into_iter()
+            .filter(|s| s.state == SlotState::Outstanding)
+            .collect();
+        Ok(TaskView {
+            verdict: TaskVerdict::Found,
+            task: Some(meta),
+            outcome,
+            outstanding,
+        })
+    }
+
+    /// One page of `owner`'s tasks (not deleted), in creation order, after the task whose
+    /// engine id is `after` (`None`: from the first). `page_size` 0 means
+    /// [`TASK_PAGE_DEFAULT`]; at most [`TASK_PAGE_MAX`].
+    ///
+    /// # Errors
+    /// Invalid owner or page size; index failures.
+    pub fn list_tasks(&self, owner: &str, after: Option<u64>, page_size: u32) -> Result<TaskPage> {
+        self.check_owner(owner)?;
+        if page_size > TASK_PAGE_MAX {
+            return Err(Error::invalid(
+                "page_size",
+                format!("is {page_size}; the limit is {TASK_PAGE_MAX}"),
+            ));
+        }
+        let size = if page_size == 0 {
+            TASK_PAGE_DEFAULT
+        } else {
+            page_size
+        } as usize;
+        let index = &self.inner.shared.index;
+        let prefix = owner_tasks_prefix(owner);
+        let start = match after {
+            Some(id) => owner_task_key(owner, id.saturating_add(1)),
+            None => prefix.clone(),
+        };
+        let end = crate::index::owner_tasks_prefix_end(owner);
+        let keys = index.keys_in(&start, &end, size + 1)?;
+        let mut tasks = Vec::with_capacity(size);
+        let mut next = None;
+        for key in keys {
+            let Some(id) = key
+                .get(prefix.len()..)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            else {
+                continue;
+            };
+            if tasks.len() == size {
+                next = tasks.last().map(|t: &crate::task::TaskMeta| t.id);
+                break;
+            }
+            if let Some(t) = index.stored_task(id)? {
+                tasks.push(t.meta);
+            }
+        }
+        Ok(TaskPage { tasks, next })
+    }
+
+    fn task_write(&self, cmd: TaskCommand) -> Result<TaskReply> {
+        match self.submit(Command::Task(cmd))? {
+            Reply::Task(r) => Ok(*r),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn task_write_async(&self, cmd: TaskCommand) -> Result<TaskReply> {
+        let tx = self.sender()?;
+        let answer = send_async(&tx, &self.inner.shared, Command::Task(cmd)).await?;
+        match answer.await.map_err(|_| Error::Closed)?? {
+            Reply::Task(r) => Ok(*r),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn check_owner(&self, owner: &str) -> Result<()> {
+        let max = self.config().id_bytes_max;
+        if owner.len() > max as usize {
+            return Err(Error::invalid(
+                "owner",
+                format!("is {} bytes; the limit is {max}", owner.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_task_ref(&self, task: &TaskRef) -> Result<()> {
+        self.check_owner(&task.owner)?;
+        self.check_id("task_id", &task.task_id)
+    }
+
+    fn check_message(&self, message: Option<&str>) -> Result<()> {
+        let limit = self.config().tasks.status_message_bytes_max;
+        match message {
+            Some(m) if m.len() as u64 > u64::from(limit) => Err(Error::TooLarge {
+                what: "task status message (bytes)",
+                got: m.len() as u64,
+                limit: u64::from(limit),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_ttl(ttl_ms: Option<u64>) -> Result<()> {
+        if ttl_ms == Some(0) {
+            return Err(Error::invalid(
+                "ttl_ms",
+                "must be at least 1 ms (leave it out for the default)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_new_task(&self, req: &NewTask) -> Result<()> {
+        self.check_task_ref(&TaskRef::new(req.owner.clone(), req.task_id.clone()))?;
+        self.check_id("request_key", &req.request_key)?;
+        self.check_message(req.status_message.as_deref())?;
+        Self::check_ttl(req.ttl_ms)?;
+        if req.worker_lease_ms == Some(0) {
+            return Err(Error::invalid("worker_lease_ms", "must be at least 1 ms"));
+        }
+        let limit = self.config().tasks.context_bytes_max;
+        if req.context.len() as u64 > u64::from(limit) {
+            return Err(Error::TooLarge {
+                what: "task context (bytes)",
+                got: req.context.len() as u64,
+                limit: u64::from(limit),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_change(&self, req: &TaskChange) -> Result<()> {
+        self.check_task_ref(&req.task)?;
+        self.check_message(req.status_message.as_deref())?;
+        Self::check_ttl(req.ttl_ms)
+    }
+
+    fn check_pairs(&self, field: &'static str, pairs: &[(String, Vec<u8>)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Err(Error::invalid(field, "must hold at least one key"));
+        }
+        let limit = self.config().payload_bytes_max;
+        for (key, body) in pairs {
+            self.check_id(field, key)?;
+            if body.len() as u64 > u64::from(limit) {
+                return Err(Error::TooLarge {
+                    what: "task input request or answer (bytes)",
+                    got: body.len() as u64,
+                    limit: u64::from(limit),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_input_request(&self, req: &TaskInputRequest) -> Result<()> {
+        self.check_task_ref(&req.task)?;
+        self.check_message(req.status_message.as_deref())?;
+        self.check_pairs("requests", &req.requests)
+    }
+
+    fn check_input_answer(&self, req: &TaskInputAnswer) -> Result<()> {
+        self.check_task_ref(&req.task)?;
+        self.check_pairs("responses", &req.responses)
+    }
+
+    fn check_finish(&self, req: &TaskFinish) -> Result<()> {
+        self.check_task_ref(&req.task)?;
+        self.check_message(req.status_message.as_deref())?;
+        if (req.outcome.kind == OutcomeKind::None) != req.outcome.json.is_empty() {
+            return Err(Error::invalid(
+                "outcome",
+                "a result or error needs its JSON, and no outcome has none",
+            ));
+        }
+        let limit = self.config().payload_bytes_max;
+        if req.outcome.json.len() as u64 > u64::from(limit) {
+            return Err(Error::TooLarge {
+                what: "task outcome (bytes)",
+                got: req.outcome.json.len() as u64,
+                limit: u64::from(limit),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn created(reply: TaskReply) -> Result<CreatedTask> {
+    match reply {
+        TaskReply::Created(c) => Ok(c),
+        other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+    }
+}
+
+fn written(reply: TaskReply) -> Result<TaskWritten> {
+    match reply {
+        TaskReply::Written(w) => Ok(w),
+        other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+    }
+}
+
+fn answered(reply: TaskReply) -> Result<InputAnswered> {
+    match reply {
+        TaskReply::Answered(a) => Ok(a),
+        other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+    }
+}
+
+fn cancelled(reply: TaskReply) -> Result<TaskCancelled> {
+    match reply {
+        TaskReply::Cancelled(c) => Ok(c),
+        other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+    }
+}
