@@ -20,6 +20,9 @@ use crate::propose::Proposer;
 use crate::shared::Shared;
 use crate::state::StreamState;
 
+mod tasks;
+pub(crate) use tasks::{expire_task_leases, expire_tasks, renew_task_lease};
+
 /// How often committed index changes are moved from the memtable into sled (off the writer
 /// thread), bounding what a restart replays from the log.
 const INDEX_FLUSH_EVERY: Duration = Duration::from_millis(250);
@@ -234,6 +237,7 @@ pub(crate) fn spawn_maintenance(
                         // Another node decides now, from calls this one no longer sees: what
                         // this one remembers would be stale if it led again.
                         shared.leases.clear();
+                        shared.task_leases.clear();
                         shared.activity.clear();
                         tracing::info!("no longer leading: lease and idle expiries are the new leader's");
                     }
@@ -245,6 +249,10 @@ pub(crate) fn spawn_maintenance(
                 let expiry = shared.config.background_expiry;
                 if expiry {
                     expire_leases(&shared, &tx);
+                    expire_task_leases(&shared, &tx);
+                    if let Err(e) = expire_tasks(&shared, &tx) {
+                        tracing::warn!(error = %e, "the task TTL pass failed; will retry");
+                    }
                 }
                 if expiry && (idle_backlog || last_idle.elapsed() >= idle_every) {
                     last_idle = Instant::now();
@@ -298,7 +306,7 @@ pub(crate) fn spawn_index_flusher(
 }
 
 /// Starts the time-driven state of what recovery found live: a full idle TTL for every live
-/// session, a full lease for every open stream with one (a producer gets a full lease to
+/// session, a full lease for every open stream and running task with one (a producer gets a full lease to
 /// reconnect after a restart). A lease already armed keeps its deadline. A replicated node
 /// calls it again each time it becomes the leader. Costs O(live sessions + open streams),
 /// scanned, not loaded.
@@ -323,7 +331,7 @@ pub(crate) fn arm_live_state(shared: &Shared) -> Result<()> {
             }
         }
     }
-    Ok(())
+    tasks::arm_task_leases(shared)
 }
 
 /// Every open stream's id (the `L` keys end with it): O(open streams).

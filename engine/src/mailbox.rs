@@ -83,6 +83,11 @@ pub(crate) enum TaskCommand {
     Cancel(TaskCancel),
     Finish(TaskFinish),
     Delete(TaskRef),
+    /// The leader's TTL pass: fail the task `id` if it still runs past its deadline, or
+    /// delete its content if it ended a TTL ago.
+    Expire(u64),
+    /// The leader's lease pass: fail the task `id`, whose worker stopped renewing its lease.
+    LeaseExpired(u64),
 }
 
 impl TaskCommand {
@@ -96,7 +101,11 @@ impl TaskCommand {
             Self::RequestInput(r) => pairs(&r.requests),
             Self::Answer(a) => pairs(&a.responses),
             Self::Finish(f) => f.outcome.json.len() as u64,
-            Self::Change(_) | Self::Cancel(_) | Self::Delete(_) => 0,
+            Self::Change(_)
+            | Self::Cancel(_)
+            | Self::Delete(_)
+            | Self::Expire(_)
+            | Self::LeaseExpired(_) => 0,
         }
     }
 }
@@ -108,6 +117,8 @@ pub(crate) enum TaskReply {
     Written(TaskWritten),
     Answered(InputAnswered),
     Cancelled(TaskCancelled),
+    /// What an expiry pass did to one task (`false`: nothing was due).
+    Expired(bool),
 }
 
 impl Command {

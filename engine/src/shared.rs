@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     pub activity: SessionActivity,
     /// Producer leases of open streams.
     pub leases: Leases,
+    /// Worker leases of running tasks (leader-only memory, like `leases`).
+    pub task_leases: Leases,
     /// Set when free space is below the reserve: appends are refused.
     pub low_disk: AtomicBool,
     /// One retention pass at a time.
@@ -90,6 +92,7 @@ impl Shared {
             followers: Arc::new(Followers::default()),
             activity: SessionActivity::default(),
             leases: Leases::default(),
+            task_leases: Leases::default(),
             low_disk: AtomicBool::new(false),
             retention_lock: std::sync::Mutex::new(()),
             maintenance_lock: std::sync::Mutex::new(()),

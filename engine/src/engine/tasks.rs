@@ -160,6 +160,48 @@ impl Engine {
         written(self.task_write_async(TaskCommand::Delete(task)).await?)
     }
 
+    /// Renews the worker lease of a running task (its worker's heartbeat): without one
+    /// within `worker_lease_ms`, the leader fails the task. Changes and input requests renew
+    /// it too. On a cluster, call it on the leader (leases are the leader's memory).
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`]; [`Error::TaskTerminated`].
+    pub fn keep_task_alive(&self, task: &TaskRef) -> Result<()> {
+        self.check_task_ref(task)?;
+        let index = &self.inner.shared.index;
+        let unknown = || Error::UnknownTask {
+            task_id: task.task_id.clone(),
+        };
+        let id = index
+            .task_by_task_id(&task.owner, &task.task_id)?
+            .ok_or_else(unknown)?;
+        let t = index
+            .stored_task(id)?
+            .filter(|t| !t.meta.is_deleted())
+            .ok_or_else(unknown)?;
+        if t.meta.status.is_terminal() {
+            return Err(Error::TaskTerminated {
+                task_id: task.task_id.clone(),
+                status: t.meta.status,
+            });
+        }
+        crate::background::renew_task_lease(&self.inner.shared, id, t.meta.status);
+        Ok(())
+    }
+
+    /// Runs one round of the task clocks now (the leader's TTL and worker-lease passes),
+    /// for tests on a [`crate::ManualClock`] with `background_expiry` off; returns how many
+    /// tasks it changed.
+    ///
+    /// # Errors
+    /// Index failures of the TTL scan.
+    pub fn run_task_expiry(&self) -> Result<usize> {
+        let tx = self.sender()?;
+        let shared = &self.inner.shared;
+        let leases = crate::background::expire_task_leases(shared, &tx);
+        Ok(leases + crate::background::expire_tasks(shared, &tx)?)
+    }
+
     /// The task `task.task_id` of `task.owner`, as a verdict: found, expired, deleted or
     /// unknown (another owner's task is unknown). With `include_outcome`, a terminal task's
     /// result or error comes with it.

@@ -42,6 +42,10 @@ impl Writer {
             TaskCommand::Cancel(req) => TaskReply::Cancelled(self.cancel_task(req, txn, buf, now)?),
             TaskCommand::Finish(req) => TaskReply::Written(self.finish_task(req, txn, buf, now)?),
             TaskCommand::Delete(req) => TaskReply::Written(self.delete_task(&req, txn, buf, now)?),
+            TaskCommand::Expire(id) => TaskReply::Expired(self.expire_task(id, txn, buf, now)?),
+            TaskCommand::LeaseExpired(id) => {
+                TaskReply::Expired(self.fail_leaseless_task(id, txn, buf, now)?)
+            }
         };
         Ok(Reply::Task(Box::new(reply)))
     }
@@ -90,6 +94,7 @@ impl Writer {
             .poll_interval_ms
             .unwrap_or_else(|| duration_ms(limits.poll_interval_default));
         let id = self.log.next_lsn();
+        let lease = req.worker_lease_ms;
         self.emit(
             vec![Record::TaskCreated(TaskCreated {
                 id,
@@ -106,6 +111,12 @@ impl Writer {
             txn,
             buf,
         )?;
+        if let Some(ms) = lease {
+            // Armed by the writer, so a worker that dies before its first renewal still
+            // loses the task at the lease's end (a refused entry leaves a lease on no task:
+            // its expiry finds nothing to do).
+            self.shared.task_leases.arm(id, ms, now);
+        }
         Ok(CreatedTask {
             task: written(txn, id)?,
             created: true,
@@ -120,6 +131,7 @@ impl Writer {
         now: u64,
     ) -> Result<TaskWritten> {
         let t = running(txn, &req.task, req.expected_version)?;
+        self.shared.task_leases.renew(t.meta.id, now);
         if req.status.is_terminal() || !may_move(t.meta.status, req.status) {
             return Err(Error::invalid(
                 "status",
@@ -161,6 +173,7 @@ impl Writer {
     ) -> Result<TaskWritten> {
         let t = running(txn, &req.task, None)?;
         let id = t.meta.id;
+        self.shared.task_leases.renew(id, now);
         let mut held: u64 = txn
             .task_slots(id)?
             .iter()
@@ -320,6 +333,9 @@ impl Writer {
             }),
         };
         self.emit(vec![record], txn, buf)?;
+        if req.mode == CancelMode::Terminal {
+            self.shared.task_leases.remove(id);
+        }
         Ok(TaskCancelled {
             task: written(txn, id)?,
             already_terminal: false,
@@ -375,6 +391,7 @@ impl Writer {
             txn,
             buf,
         )?;
+        self.shared.task_leases.remove(id);
         Ok(TaskWritten {
             task: written(txn, id)?,
             duplicate: false,
@@ -399,10 +416,102 @@ impl Writer {
             txn,
             buf,
         )?;
+        self.shared.task_leases.remove(id);
         Ok(TaskWritten {
             task: written(txn, id)?,
             duplicate: false,
         })
+    }
+}
+
+impl Writer {
+    /// The TTL pass's decision for task `id` at `now`: a task still running past its
+    /// deadline fails ("ttl expired"); one that ended a TTL ago loses its content (its
+    /// tombstone answers `Expired`). Anything else (renewed, deleted, not due) is left.
+    fn expire_task(
+        &mut self,
+        id: u64,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+        now: u64,
+    ) -> Result<bool> {
+        let Some(t) = txn.stored_task(id)?.filter(|t| !t.meta.is_deleted()) else {
+            return Ok(false);
+        };
+        if t.meta.deadline_ms().is_none_or(|d| d > now) {
+            return Ok(false);
+        }
+        let record = if t.meta.status.is_terminal() {
+            Record::TaskDeleted(TaskDeleted {
+                id,
+                removal: TaskRemoval::Expired,
+                at_ms: now,
+            })
+        } else {
+            self.shared.task_leases.remove(id);
+            Record::TaskEnded(TaskEnded {
+                id,
+                version: t.meta.version + 1,
+                status: TaskStatus::Failed,
+                cause: EndCause::TtlExpired,
+                status_message: Some("task expired: its TTL elapsed before it ended".into()),
+                outcome: error_outcome("task expired: its TTL elapsed before it ended"),
+                at_ms: now,
+            })
+        };
+        self.emit(vec![record], txn, buf)?;
+        Ok(true)
+    }
+
+    /// The lease pass's decision for task `id`: still running, its worker stopped renewing
+    /// its lease (the replica running it died), so it fails rather than stay `working`.
+    fn fail_leaseless_task(
+        &mut self,
+        id: u64,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+        now: u64,
+    ) -> Result<bool> {
+        let Some(t) = txn
+            .stored_task(id)?
+            .filter(|t| !t.meta.is_deleted() && !t.meta.status.is_terminal())
+        else {
+            return Ok(false);
+        };
+        let Some(ms) = t.meta.worker_lease_ms else {
+            return Ok(false);
+        };
+        let why = format!("task failed: its worker's lease of {ms} ms expired (the worker stopped or lost its connection)");
+        self.emit(
+            vec![Record::TaskEnded(TaskEnded {
+                id,
+                version: t.meta.version + 1,
+                status: TaskStatus::Failed,
+                cause: EndCause::LeaseExpired,
+                status_message: Some(why.clone()),
+                outcome: error_outcome(&why),
+                at_ms: now,
+            })],
+            txn,
+            buf,
+        )?;
+        Ok(true)
+    }
+}
+
+/// A JSON-RPC internal error (-32603) with `message`, as a task's outcome.
+fn error_outcome(message: &str) -> crate::task::TaskOutcome {
+    let escaped: String = message
+        .chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c => vec![c],
+        })
+        .collect();
+    crate::task::TaskOutcome {
+        kind: crate::task::OutcomeKind::Error,
+        json: format!("{{\"code\":-32603,\"message\":\"{escaped}\"}}").into_bytes(),
     }
 }
 
