@@ -1,4 +1,5 @@
-//! Compiles `proto/cursorlog/v1/cursorlog.proto` with protox (a pure-Rust protobuf compiler,
+//! Compiles `proto/cursorlog/v1/cursorlog.proto` and `tasks.proto` (both package
+//! `cursorlog.v1`, so one generated module holds both services) with protox (a pure-Rust protobuf compiler,
 //! so no `protoc` is needed) and generates the prost messages and tonic client and server stubs.
 //! The encoded descriptor set (with source info, so reflection shows the comments) is written
 //! next to the generated code for `tonic-reflection`.
@@ -12,13 +13,18 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/cursorlog/v1/cursorlog.proto";
-    println!("cargo:rerun-if-changed={proto}");
+    let protos = [
+        "proto/cursorlog/v1/cursorlog.proto",
+        "proto/cursorlog/v1/tasks.proto",
+    ];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler
         .include_source_info(true)
         .include_imports(true)
-        .open_files([proto])?;
+        .open_files(protos)?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out_dir.join("cursorlog_descriptor.bin"),
@@ -33,7 +39,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server_dir = out_dir.join("server");
     std::fs::create_dir_all(&server_dir)?;
     tonic_prost_build::configure()
-        // Every message is the first pass's: this pass emits only `cursor_log_server`.
+        // Every message is the first pass's: this pass emits only `cursor_log_server` and
+        // `tasks_server`.
         .extern_path(".cursorlog.v1", "crate::v1")
         .codec_path("crate::codec::ServerCodec")
         .build_client(false)

@@ -1,11 +1,12 @@
 //! gRPC definitions of cursorlog (package `cursorlog.v1`): prost messages, the tonic client
-//! ([`v1::cursor_log_client::CursorLogClient`]) and server
-//! ([`v1::cursor_log_server::CursorLogServer`]) stubs, and the encoded file descriptor set for
-//! server reflection.
+//! ([`v1::cursor_log_client::CursorLogClient`], [`v1::tasks_client::TasksClient`]) and server
+//! ([`v1::cursor_log_server::CursorLogServer`], [`v1::tasks_server::TasksServer`]) stubs, and
+//! the encoded file descriptor set for server reflection.
 //!
-//! The schema, with every field documented, is `proto/cursorlog/v1/cursorlog.proto`.
+//! The schema, with every field documented, is `proto/cursorlog/v1/cursorlog.proto` (the
+//! event log) and `proto/cursorlog/v1/tasks.proto` (durable MCP tasks).
 
-/// Package `cursorlog.v1`, generated from `cursorlog.proto`.
+/// Package `cursorlog.v1`, generated from `cursorlog.proto` and `tasks.proto`.
 #[allow(
     missing_docs,
     missing_debug_implementations,
@@ -33,7 +34,8 @@ pub mod raft_v1 {
     tonic::include_proto!("cursorlog.raft.v1");
 }
 
-/// The encoded `FileDescriptorSet` of `cursorlog.proto`, for `tonic-reflection`.
+/// The encoded `FileDescriptorSet` of `cursorlog.proto` and `tasks.proto`, for
+/// `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("cursorlog_descriptor");
 
 /// The server's codec: tonic's prost codec, except that a request message that does not
