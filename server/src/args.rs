@@ -87,6 +87,36 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub max_leased_streams: Option<u64>,
+    /// Most tasks one owner may have that are not deleted; one more CreateTask is
+    /// RESOURCE_EXHAUSTED until some are deleted or expire [default: 10000].
+    #[arg(
+        long,
+        env = "CURSORLOG_MAX_TASKS_PER_OWNER",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_tasks_per_owner: Option<u64>,
+    /// Most tasks of all owners together that are not deleted [default: 1000000].
+    #[arg(
+        long,
+        env = "CURSORLOG_MAX_TASKS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_tasks: Option<u64>,
+    /// The TTL of a task created without one, in seconds [default: 3600].
+    #[arg(
+        long,
+        env = "CURSORLOG_TASK_TTL_DEFAULT_SECS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub task_ttl_default_secs: Option<u64>,
+    /// The longest TTL a task is granted, in seconds: a longer or unlimited one is clamped to
+    /// it [default: 86400].
+    #[arg(
+        long,
+        env = "CURSORLOG_TASK_TTL_MAX_SECS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub task_ttl_max_secs: Option<u64>,
     /// Expire a session that no call has named for this many seconds (its open streams are
     /// aborted); 0 never expires idle sessions.
     #[arg(long, env = "CURSORLOG_SESSION_IDLE_TTL_SECS", default_value_t = 3600)]

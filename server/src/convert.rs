@@ -293,6 +293,8 @@ pub fn stats(
     }
 }
 
+pub mod task;
+
 #[cfg(test)]
 mod fuzz;
 

@@ -38,6 +38,7 @@ mod reader;
 mod serve;
 mod service;
 mod status;
+mod tasks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use cursorlog_engine::{Config, Engine};
 use cursorlog_proto::v1::cursor_log_server::CursorLogServer;
+use cursorlog_proto::v1::tasks_server::TasksServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::server::NamedService;
@@ -41,6 +42,7 @@ use crate::metrics::{self, Metrics};
 use crate::metrics_http;
 use crate::read_slots::ReadSlots;
 use crate::service::CursorLogService;
+use crate::tasks::TasksService;
 use crate::ServeArgs;
 
 /// Headroom above the payload limit for the rest of an append message, in bytes.
@@ -113,6 +115,19 @@ fn engine_config(args: &ServeArgs) -> Config {
     if let Some(ms) = args.retention_check_interval_ms {
         retention.check_interval = Duration::from_millis(ms.max(1));
     }
+    let tasks = &mut config.tasks;
+    tasks.per_owner_max = args.max_tasks_per_owner.unwrap_or(tasks.per_owner_max);
+    tasks.tasks_max = args.max_tasks.unwrap_or(tasks.tasks_max);
+    if let Some(secs) = args.task_ttl_default_secs {
+        tasks.ttl_default = Duration::from_secs(secs);
+    }
+    if let Some(secs) = args.task_ttl_max_secs {
+        tasks.ttl_max = Duration::from_secs(secs);
+    }
+    if args.task_ttl_default_secs.is_none() {
+        // A maximum below the default lowers the default too (both named: check_limits).
+        tasks.ttl_default = tasks.ttl_default.min(tasks.ttl_max);
+    }
     config
 }
 
@@ -124,6 +139,13 @@ fn check_limits(args: &ServeArgs, config: &Config) -> Result<(), String> {
             "--grpc-message-bytes-max {} is too small for --payload-bytes-max {}: it needs at \
              least {} bytes more",
             args.grpc_message_bytes_max, config.payload_bytes_max, MESSAGE_OVERHEAD_BYTES
+        ));
+    }
+    if config.tasks.ttl_default > config.tasks.ttl_max {
+        return Err(format!(
+            "--task-ttl-default-secs {} is above --task-ttl-max-secs {}",
+            config.tasks.ttl_default.as_secs(),
+            config.tasks.ttl_max.as_secs()
         ));
     }
     Ok(())
@@ -209,7 +231,7 @@ fn limit_text(limit: Option<u64>) -> String {
     limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
 }
 
-/// Sets the overall health and the cursorlog service's.
+/// Sets the overall health and the cursorlog services'.
 async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("", status).await;
     health
@@ -217,6 +239,9 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
             <CursorLogServer<CursorLogService> as NamedService>::NAME,
             status,
         )
+        .await;
+    health
+        .set_service_status(<TasksServer<TasksService> as NamedService>::NAME, status)
         .await;
 }
 
@@ -226,6 +251,9 @@ async fn end_health_watches(mut health: HealthReporter) {
     health.clear_service_status("").await;
     health
         .clear_service_status(<CursorLogServer<CursorLogService> as NamedService>::NAME)
+        .await;
+    health
+        .clear_service_status(<TasksServer<TasksService> as NamedService>::NAME)
         .await;
 }
 
@@ -348,6 +376,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .max_encoding_message_size(args.grpc_message_bytes_max);
     // Over-limit requests are RESOURCE_EXHAUSTED (tonic's own check says OUT_OF_RANGE).
     let cursorlog = FrameLimit::new(cursorlog, args.grpc_message_bytes_max);
+    // Durable MCP tasks: same port, same limits, same interceptor (below).
+    let tasks = TasksServer::new(TasksService::new(engine.clone(), node.clone()))
+        .max_decoding_message_size(args.grpc_message_bytes_max)
+        .max_encoding_message_size(args.grpc_message_bytes_max);
+    let tasks = FrameLimit::new(tasks, args.grpc_message_bytes_max);
     let token = exposure.token.clone();
     let connections_max = args.connections_max;
     let check = move |request: Request<()>| {
@@ -374,6 +407,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             check.clone(),
         )
     });
+    let tasks = InterceptedService::new(tasks, check.clone());
     let cursorlog = InterceptedService::new(cursorlog, check);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     set_health(&health_reporter, ServingStatus::Serving).await;
@@ -408,6 +442,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(cursorlog)
+        .add_service(tasks)
         .add_optional_service(raft)
         .add_optional_service(admin)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -580,6 +615,44 @@ mod tests {
         assert_eq!(c.session_idle_ttl, None, "0 never expires idle sessions");
         let c = engine_config(&args(&["--session-idle-ttl-secs", "90"]));
         assert_eq!(c.session_idle_ttl, Some(Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn task_flags_reach_the_engine_config() {
+        let a = args(&[
+            "--max-tasks-per-owner",
+            "3",
+            "--max-tasks",
+            "7",
+            "--task-ttl-default-secs",
+            "60",
+            "--task-ttl-max-secs",
+            "120",
+        ]);
+        let c = engine_config(&a);
+        assert_eq!(c.tasks.per_owner_max, 3);
+        assert_eq!(c.tasks.tasks_max, 7);
+        assert_eq!(c.tasks.ttl_default, Duration::from_secs(60));
+        assert_eq!(c.tasks.ttl_max, Duration::from_secs(120));
+        assert!(check_limits(&a, &c).is_ok());
+        assert_eq!(
+            engine_config(&args(&[])).tasks,
+            cursorlog_engine::TaskLimits::default()
+        );
+        let a = args(&[
+            "--task-ttl-default-secs",
+            "200",
+            "--task-ttl-max-secs",
+            "100",
+        ]);
+        let err = check_limits(&a, &engine_config(&a)).unwrap_err();
+        assert!(err.contains("--task-ttl-max-secs"), "{err}");
+        let a = args(&["--task-ttl-max-secs", "100"]);
+        assert_eq!(
+            engine_config(&a).tasks.ttl_default,
+            Duration::from_secs(100)
+        );
+        assert!(check_limits(&a, &engine_config(&a)).is_ok());
     }
 
     #[test]

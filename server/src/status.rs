@@ -14,9 +14,10 @@ use tonic::{Code, Status};
 /// |---|---|
 /// | `InvalidArgument` | `INVALID_ARGUMENT` |
 /// | `TooLarge`, `DiskFull`, `AtCapacity` | `RESOURCE_EXHAUSTED` |
-/// | `UnknownSession`, `UnknownStream` | `NOT_FOUND` |
-/// | `StreamTerminated`, `StaleEpoch`, `SessionExpired`, `UnsupportedFormat` | `FAILED_PRECONDITION` |
-/// | `SeqConflict` | `ABORTED` |
+/// | `UnknownSession`, `UnknownStream`, `UnknownTask` | `NOT_FOUND` |
+/// | `TaskExists` | `ALREADY_EXISTS` |
+/// | `StreamTerminated`, `StaleEpoch`, `SessionExpired`, `TaskTerminated`, `UnsupportedFormat` | `FAILED_PRECONDITION` |
+/// | `SeqConflict`, `TaskConflict` | `ABORTED` |
 /// | `Evicted` | `OUT_OF_RANGE` |
 /// | `Corruption` | `DATA_LOSS` |
 /// | `Poisoned`, `Io`, `Index`, `Closed`, `Locked`, `NotLeader` (leader in the `cursorlog-leader` header), `NotConfirmed` | `UNAVAILABLE` |
@@ -66,6 +67,14 @@ fn code_and_message(err: &Error) -> (Code, String) {
         }
         Error::SessionExpired => (Code::FailedPrecondition, "session is expired".into()),
         Error::SeqConflict { .. } => (Code::Aborted, err.to_string()),
+        // Another owner's task is this too: its existence is never revealed.
+        Error::UnknownTask { task_id } => (Code::NotFound, format!("task not found: {task_id:?}")),
+        Error::TaskExists { .. } => (Code::AlreadyExists, err.to_string()),
+        Error::TaskTerminated { task_id, status } => (
+            Code::FailedPrecondition,
+            format!("task is {status}: task {task_id:?} ended and never changes again"),
+        ),
+        Error::TaskConflict { .. } => (Code::Aborted, err.to_string()),
         Error::Evicted { .. } => (Code::OutOfRange, err.to_string()),
         Error::Corruption { offset, kind, .. } => (
             Code::DataLoss,
@@ -109,6 +118,8 @@ pub fn limit_flag(limit: LiveLimit) -> (&'static str, &'static str) {
     match limit {
         LiveLimit::Sessions => ("--max-live-sessions", "CURSORLOG_MAX_LIVE_SESSIONS"),
         LiveLimit::LeasedStreams => ("--max-leased-streams", "CURSORLOG_MAX_LEASED_STREAMS"),
+        LiveLimit::TasksPerOwner => ("--max-tasks-per-owner", "CURSORLOG_MAX_TASKS_PER_OWNER"),
+        LiveLimit::Tasks => ("--max-tasks", "CURSORLOG_MAX_TASKS"),
         // `LiveLimit` is non-exhaustive: a cap added later still gets an answer.
         _ => ("(see cursorlog serve --help)", "CURSORLOG_*"),
     }
@@ -120,6 +131,9 @@ fn at_capacity(limit: LiveLimit, max: u64) -> String {
     let (flag, env) = limit_flag(limit);
     let frees = match limit {
         LiveLimit::Sessions => "until idle sessions expire or are expired",
+        LiveLimit::TasksPerOwner | LiveLimit::Tasks => {
+            "until some are deleted or expire (a task ended is deleted one TTL after its end)"
+        }
         _ => "until some of them end",
     };
     format!(
@@ -285,6 +299,12 @@ mod tests {
                 "--max-leased-streams",
                 "CURSORLOG_MAX_LEASED_STREAMS",
             ),
+            (
+                LiveLimit::TasksPerOwner,
+                "--max-tasks-per-owner",
+                "CURSORLOG_MAX_TASKS_PER_OWNER",
+            ),
+            (LiveLimit::Tasks, "--max-tasks", "CURSORLOG_MAX_TASKS"),
         ] {
             let status = from_engine(&Error::AtCapacity { limit, max: 1234 });
             assert_eq!(status.code(), Code::ResourceExhausted);
@@ -295,5 +315,41 @@ mod tests {
             );
             assert!(m.contains(&limit.to_string()), "{m}");
         }
+    }
+
+    #[test]
+    fn task_errors_map_to_their_codes_and_name_the_state() {
+        use cursorlog_engine::TaskStatus;
+        let status = from_engine(&Error::UnknownTask {
+            task_id: "t1".into(),
+        });
+        assert_eq!(status.code(), Code::NotFound);
+        assert!(status.message().starts_with("task not found"), "{status:?}");
+        let status = from_engine(&Error::TaskExists {
+            task_id: "t1".into(),
+        });
+        assert_eq!(status.code(), Code::AlreadyExists);
+        for s in [
+            TaskStatus::Completed,
+            TaskStatus::Failed,
+            TaskStatus::Cancelled,
+        ] {
+            let status = from_engine(&Error::TaskTerminated {
+                task_id: "t1".into(),
+                status: s,
+            });
+            assert_eq!(status.code(), Code::FailedPrecondition);
+            assert!(
+                status.message().contains(&format!("task is {s}")),
+                "{status:?}"
+            );
+        }
+        let status = from_engine(&Error::TaskConflict {
+            task_id: "t1".into(),
+            expected_version: 2,
+            version: 3,
+        });
+        assert_eq!(status.code(), Code::Aborted);
+        assert!(status.message().contains("version 3"), "{status:?}");
     }
 }

@@ -1,0 +1,192 @@
+//! The tonic implementation of `cursorlog.v1.Tasks` (durable MCP tasks, issue 20,
+//! docs/TASKS-DESIGN.md §3): validate, call the engine, map the error.
+//!
+//! Writes await the engine's `_async` forms (durable, on a cluster committed and applied,
+//! before they answer; a follower answers NOT_LEADER as UNAVAILABLE with the leader hint,
+//! through [`status::from_engine`], exactly as the event log's writes do). Reads (GetTask,
+//! ListTasks) first await [`TasksService::linearizable`], as `Resolve` and `Read` do, so a
+//! read right after a write through any replica sees it; they then read the index on the
+//! blocking pool.
+
+use cursorlog_engine::Engine;
+use cursorlog_proto::v1 as pb;
+use cursorlog_proto::v1::tasks_server::Tasks;
+use cursorlog_replication::ReplicatedNode;
+use tonic::{Request, Response, Status};
+
+use crate::convert::task as convert;
+use crate::service::run_blocking;
+use crate::status;
+
+/// The tasks service state shared by all calls.
+#[derive(Debug, Clone)]
+pub struct TasksService {
+    engine: Engine,
+    /// The replicated node this service belongs to, if any: reads are served only once it
+    /// proves it leads (see [`TasksService::linearizable`]).
+    cluster: Option<ReplicatedNode>,
+}
+
+impl TasksService {
+    /// The service over `engine` of a single node (`cluster` `None`) or of a member of a
+    /// replicated cluster.
+    pub fn new(engine: Engine, cluster: Option<ReplicatedNode>) -> Self {
+        Self { engine, cluster }
+    }
+
+    /// On a cluster member: waits until a read here is linearizable (this node leads, a
+    /// quorum confirmed it, and it applied everything committed before the read began), or
+    /// answers `UNAVAILABLE` with the leader's address. A single node answers at once.
+    async fn linearizable(&self) -> Result<(), Status> {
+        match &self.cluster {
+            Some(node) => node
+                .linearizable()
+                .await
+                .map_err(|outcome| crate::cluster::unavailable(&outcome)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Tasks for TasksService {
+    async fn create_task(
+        &self,
+        request: Request<pb::CreateTaskRequest>,
+    ) -> Result<Response<pb::CreateTaskResponse>, Status> {
+        let req = convert::new_task(request.into_inner())?;
+        let created = self
+            .engine
+            .create_task_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::CreateTaskResponse {
+            task: Some(convert::task(created.task)),
+            created: created.created,
+        }))
+    }
+
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let r = request.into_inner();
+        let task = convert::task_ref(r.owner, r.task_id)?;
+        let include_outcome = r.include_outcome;
+        self.linearizable().await?;
+        let view = run_blocking(&self.engine, move |e| e.task(&task, include_outcome)).await?;
+        Ok(Response::new(convert::view(view)))
+    }
+
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let r = request.into_inner();
+        let after = convert::decode_cursor(&r.cursor)?;
+        let (owner, page_size) = (r.owner, r.page_size);
+        self.linearizable().await?;
+        let page = run_blocking(&self.engine, move |e| {
+            e.list_tasks(&owner, after, page_size)
+        })
+        .await?;
+        Ok(Response::new(convert::page(page)))
+    }
+
+    async fn update_task(
+        &self,
+        request: Request<pb::UpdateTaskRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        let req = convert::change(request.into_inner())?;
+        let written = self
+            .engine
+            .change_task_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::TaskResponse {
+            task: Some(convert::task(written.task)),
+            duplicate: written.duplicate,
+        }))
+    }
+
+    async fn request_input(
+        &self,
+        request: Request<pb::RequestInputRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        let req = convert::input_request(request.into_inner())?;
+        let written = self
+            .engine
+            .request_task_input_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::TaskResponse {
+            task: Some(convert::task(written.task)),
+            duplicate: written.duplicate,
+        }))
+    }
+
+    async fn answer_input(
+        &self,
+        request: Request<pb::AnswerInputRequest>,
+    ) -> Result<Response<pb::AnswerInputResponse>, Status> {
+        let req = convert::input_answer(request.into_inner())?;
+        let answered = self
+            .engine
+            .answer_task_input_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::AnswerInputResponse {
+            task: Some(convert::task(answered.task)),
+            accepted: answered.accepted,
+            ignored: answered.ignored,
+        }))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let req = convert::cancel(request.into_inner())?;
+        let cancelled = self
+            .engine
+            .cancel_task_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::CancelTaskResponse {
+            task: Some(convert::task(cancelled.task)),
+            already_terminal: cancelled.already_terminal,
+        }))
+    }
+
+    async fn finish_task(
+        &self,
+        request: Request<pb::FinishTaskRequest>,
+    ) -> Result<Response<pb::FinishTaskResponse>, Status> {
+        let req = convert::finish(request.into_inner())?;
+        let written = self
+            .engine
+            .finish_task_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::FinishTaskResponse {
+            task: Some(convert::task(written.task)),
+            duplicate: written.duplicate,
+        }))
+    }
+
+    async fn delete_task(
+        &self,
+        request: Request<pb::DeleteTaskRequest>,
+    ) -> Result<Response<pb::DeleteTaskResponse>, Status> {
+        let r = request.into_inner();
+        let task = convert::task_ref(r.owner, r.task_id)?;
+        let written = self
+            .engine
+            .delete_task_async(task)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::DeleteTaskResponse {
+            task: Some(convert::task(written.task)),
+        }))
+    }
+}
