@@ -555,6 +555,47 @@ async fn tasks_sit_behind_the_same_token_health_and_reflection() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_request_is_recorded_and_an_oversize_request_is_resource_exhausted() {
+    // The smallest message limit the payload limit allows, as in status_codes.rs.
+    let limit = 1024 + 64 * 1024;
+    let server = Server::start(&[
+        "--payload-bytes-max",
+        "1024",
+        "--grpc-message-bytes-max",
+        &limit.to_string(),
+    ]);
+    let mut c = client(&server).await;
+    c.create_task(create("s:a", "t1", "r1")).await.unwrap();
+    let requested = c
+        .cancel_task(pb::CancelTaskRequest {
+            owner: "s:a".into(),
+            task_id: "t1".into(),
+            mode: pb::cancel_task_request::Mode::Request.into(),
+            status_message: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!requested.already_terminal);
+    let t = requested.task.unwrap();
+    assert!(t.cancel_requested);
+    assert_eq!(t.status(), pb::TaskStatus::Working, "the worker ends it");
+    let unchosen = pb::CancelTaskRequest {
+        owner: "s:a".into(),
+        task_id: "t1".into(),
+        mode: pb::cancel_task_request::Mode::Unspecified.into(),
+        status_message: None,
+    };
+    assert_code(c.cancel_task(unchosen).await, Code::InvalidArgument, "mode");
+
+    // The same frame limit as the event log: over it is RESOURCE_EXHAUSTED.
+    let mut big = create("s:a", "t2", "r2");
+    big.context = vec![b'x'; limit + 1];
+    let err = c.create_task(big).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+}
+
 /// The bound of one wait for the cluster (elections on a loaded 2-core machine included).
 const WAIT: Duration = Duration::from_secs(60);
 
