@@ -1,4 +1,4 @@
-//! Wake-ups for live readers: one bell per followed stream.
+//! Wake-ups for live readers: one bell per followed stream or watched task.
 //!
 //! A commit rings only the bells of the streams it touched (events, terminal states,
 //! trims, forgetting; a session-wide end touches each of its streams through their
@@ -49,14 +49,30 @@ impl Followers {
     /// The bell of `stream` (shared by its followers), and a pin on `session`.
     pub(crate) fn follow(self: &Arc<Self>, session: &str, stream: u64) -> Arc<Bell> {
         *self.pinned().entry(session.to_owned()).or_insert(0) += 1;
+        self.follow_task(stream)
+    }
+
+    /// The bell of `id` without a pin: a task's, for a watch of it (a task pins no
+    /// session), or a stream's for [`Followers::follow`].
+    pub(crate) fn follow_task(&self, id: u64) -> Arc<Bell> {
         let mut bells = self.bells();
-        if let Some(bell) = bells.get(&stream).and_then(Weak::upgrade) {
+        if let Some(bell) = bells.get(&id).and_then(Weak::upgrade) {
             return bell;
         }
         let bell = Arc::new(Bell::default());
-        bells.insert(stream, Arc::downgrade(&bell));
+        bells.insert(id, Arc::downgrade(&bell));
         self.followed.store(bells.len(), Ordering::Release);
         bell
+    }
+
+    /// A watch of task `id` (or a follower of stream `id`, unpinned already) is gone.
+    pub(crate) fn unfollow_task(&self, id: u64, bell: Arc<Bell>) {
+        let mut bells = self.bells();
+        drop(bell);
+        if bells.get(&id).is_some_and(|w| w.strong_count() == 0) {
+            bells.remove(&id);
+        }
+        self.followed.store(bells.len(), Ordering::Release);
     }
 
     /// A follower of `stream` in `session` is gone.
@@ -70,12 +86,7 @@ impl Followers {
                 }
             }
         }
-        let mut bells = self.bells();
-        drop(bell);
-        if bells.get(&stream).is_some_and(|w| w.strong_count() == 0) {
-            bells.remove(&stream);
-        }
-        self.followed.store(bells.len(), Ordering::Release);
+        self.unfollow_task(stream, bell);
     }
 
     /// True while some follower of one of the session's streams is open.

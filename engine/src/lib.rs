@@ -59,6 +59,7 @@ mod retention;
 mod shared;
 mod state;
 mod task;
+mod task_watch;
 mod validate;
 mod verdict;
 mod verify;
@@ -99,6 +100,7 @@ pub use task::{
     may_move, EndCause, InputSlot, OutcomeKind, SlotState, TaskMeta, TaskOutcome, TaskRemoval,
     TaskStatus,
 };
+pub use task_watch::TaskWatch;
 pub use verdict::{Facts, Resolution, Verdict};
 pub use verify::{
     repair_dir, repair_dir_with, verify_dir, verify_dir_with, RepairReport, SegmentReport,

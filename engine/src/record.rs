@@ -352,14 +352,25 @@ impl Record {
         }
     }
 
-    /// The stream whose state this record changes, if it is about one stream.
-    pub(crate) fn stream_id(&self) -> Option<u64> {
+    /// The bell this record rings once committed (followers of it wake up): the stream or
+    /// task whose state it changes, if it is about one. Task ids and stream ids are both
+    /// LSNs, so they never collide.
+    pub(crate) fn bell_id(&self) -> Option<u64> {
         match self {
             Self::Event(e) => Some(e.stream),
             Self::Terminal(t) => Some(t.stream),
             Self::Trim { stream, .. } | Self::StreamForgotten { stream, .. } => Some(*stream),
             Self::StreamOpened(o) => Some(o.stream),
             Self::StreamSnapshot(s) => Some(s.meta.id),
+            Self::TaskCreated(t) => Some(t.id),
+            Self::TaskUpdated(t) => Some(t.id),
+            Self::TaskInputRequested(t) => Some(t.id),
+            Self::TaskInputAnswered(t) => Some(t.id),
+            Self::TaskCancelRequested(t) => Some(t.id),
+            Self::TaskEnded(t) => Some(t.id),
+            Self::TaskDeleted(t) => Some(t.id),
+            Self::TaskSnapshot(t) => Some(t.meta.id),
+            Self::TaskForgotten(t) => Some(t.id),
             _ => None,
         }
     }

@@ -340,7 +340,7 @@ fn apply_entry(
             record,
             record.continues_run(prev),
         )?;
-        touched.extend(record.stream_id());
+        touched.extend(record.bell_id());
     }
     let last_lsn = frames.last().map_or(0, |f| f.lsn);
     drop(shared.index.commit(txn, last_lsn));

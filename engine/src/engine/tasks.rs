@@ -5,13 +5,13 @@
 
 use crate::api::{
     CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange, TaskFinish,
-    TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView, TaskWritten,
+    TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskView, TaskWritten,
 };
 use crate::error::{Error, Result};
 use crate::index::{owner_task_key, owner_tasks_prefix, TaskRead};
 use crate::mailbox::{send_async, Command, Reply, TaskCommand, TaskReply};
-use crate::task::{OutcomeKind, SlotState, TaskOutcome, TaskRemoval};
-use crate::verdict::past_horizon;
+use crate::task::OutcomeKind;
+use crate::task_watch::TaskWatch;
 
 use super::{unexpected, Engine};
 
@@ -210,54 +210,22 @@ impl Engine {
     /// Invalid ids; index failures.
     pub fn task(&self, task: &TaskRef, include_outcome: bool) -> Result<TaskView> {
         self.check_task_ref(task)?;
-        let shared = &self.inner.shared;
-        let index = &shared.index;
-        let unknown = TaskView {
-            verdict: TaskVerdict::Unknown,
-            task: None,
-            outcome: None,
-            outstanding: Vec::new(),
-        };
-        let Some(id) = index.task_by_task_id(&task.owner, &task.task_id)? else {
-            return Ok(unknown);
-        };
-        let Some(stored) = index.stored_task(id)? else {
-            return Ok(unknown);
-        };
-        let meta = stored.meta;
-        if let Some(removal) = meta.removal {
-            if past_horizon(meta.deleted_at_ms, shared.now_ms(), shared.horizon_ms()) {
-                return Ok(unknown);
-            }
-            return Ok(TaskView {
-                verdict: match removal {
-                    TaskRemoval::Expired => TaskVerdict::Expired,
-                    TaskRemoval::Deleted => TaskVerdict::Deleted,
-                },
-                task: Some(meta),
-                outcome: None,
-                outstanding: Vec::new(),
-            });
-        }
-        let outcome = if include_outcome && meta.status.is_terminal() {
-            Some(TaskOutcome {
-                kind: meta.outcome_kind,
-                json: index.task_outcome(id)?,
-            })
-        } else {
-            None
-        };
-        let outstanding = index
-            .task_slots(id)?
-            .into_iter()
-            .filter(|s| s.state == SlotState::Outstanding)
-            .collect();
-        Ok(TaskView {
-            verdict: TaskVerdict::Found,
-            task: Some(meta),
-            outcome,
-            outstanding,
-        })
+        crate::task_watch::view(&self.inner.shared, task, include_outcome)
+    }
+
+    /// A live watch of `task`: it yields the task whenever its version moves past
+    /// `after_version` (0: at once), until it delivered the task's end. A watch pins nothing:
+    /// it costs a bell until dropped.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`]; [`Error::Closed`] after close.
+    pub fn watch_task(&self, task: &TaskRef, after_version: u64) -> Result<TaskWatch> {
+        self.check_task_ref(task)?;
+        TaskWatch::new(
+            std::sync::Arc::clone(&self.inner.shared),
+            task,
+            after_version,
+        )
     }
 
     /// One page of `owner`'s tasks (not deleted), in creation order, after the task whose

@@ -101,7 +101,7 @@ pub(crate) struct Writer {
     /// the same group checks its events against the group's own frames, which are not in
     /// the log yet.
     group_runs: Vec<plan::PendingRun>,
-    /// Streams this group touched (their followers are woken after the commit).
+    /// Streams and tasks this group touched (their followers are woken after the commit).
     touched: Vec<u64>,
     /// This group's effects outside the index.
     effects: Vec<Effect>,
@@ -579,8 +579,8 @@ impl Writer {
                 self.overlay_broken = true;
                 return Err(e);
             }
-            if let Some(stream) = record.stream_id() {
-                self.touched.push(stream);
+            if let Some(id) = record.bell_id() {
+                self.touched.push(id);
             }
             match record {
                 Record::SessionOpened { session, .. } => {
