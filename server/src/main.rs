@@ -38,6 +38,7 @@ mod reader;
 mod serve;
 mod service;
 mod status;
+mod task_watch;
 mod tasks;
 
 use std::path::PathBuf;

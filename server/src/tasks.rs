@@ -189,4 +189,33 @@ impl Tasks for TasksService {
             task: Some(convert::task(written.task)),
         }))
     }
+
+    type WatchTaskStream = crate::task_watch::WatchStream;
+
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let r = request.into_inner();
+        let task = convert::task_ref(r.owner, r.task_id)?;
+        let after = r.after_version;
+        self.linearizable().await?;
+        let watch = run_blocking(&self.engine, move |e| e.watch_task(&task, after)).await?;
+        Ok(Response::new(crate::task_watch::stream(
+            watch,
+            self.cluster.clone(),
+        )))
+    }
+
+    async fn keep_alive_task(
+        &self,
+        request: Request<pb::KeepAliveTaskRequest>,
+    ) -> Result<Response<pb::KeepAliveTaskResponse>, Status> {
+        let r = request.into_inner();
+        let task = convert::task_ref(r.owner, r.task_id)?;
+        // Leases are the leader's memory: only the leader takes a renewal.
+        self.linearizable().await?;
+        run_blocking(&self.engine, move |e| e.keep_task_alive(&task)).await?;
+        Ok(Response::new(pb::KeepAliveTaskResponse {}))
+    }
 }
