@@ -3,7 +3,10 @@
  * typed errors, and `Read` as an async iterator that can be cancelled.
  */
 import * as grpc from '@grpc/grpc-js';
-import { loadClientConstructor, type AppendResponse, type ReadRequest, type ReadResponse, type Rpcs } from './proto.js';
+import { loadClientConstructor, loadTasksConstructor, TASK_RPCS, type AppendResponse, type ReadRequest, type ReadResponse, type Rpcs, type TaskRpcs } from './proto.js';
+
+/** Every unary RPC this client calls: the event log's and the tasks service's. */
+export type AllRpcs = Rpcs & TaskRpcs;
 import { mayRetry, Router, type BackoffOptions, type RetryHint } from './router.js';
 
 /** One answer of `AppendStream`. */
@@ -82,6 +85,8 @@ export class CursorlogClient {
   /** Which member leads, as far as this client knows (see {@link Router}). */
   readonly router: Router;
   private readonly channels = new Map<string, grpc.Client>();
+  /** Clients of the `Tasks` service, one per member (grpc-js shares the connection with {@link channels}). */
+  private readonly taskChannels = new Map<string, grpc.Client>();
   private readonly credentials: grpc.ChannelCredentials;
   private readonly metadata: grpc.Metadata;
   private readonly deadlineMs: number;
@@ -117,6 +122,22 @@ export class CursorlogClient {
     return client;
   }
 
+  /** The cached `cursorlog.v1.Tasks` client of one member. */
+  private taskChannel(address: string): grpc.Client {
+    let client = this.taskChannels.get(address);
+    if (client === undefined) {
+      const Ctor = loadTasksConstructor();
+      client = new Ctor(address, this.credentials, {
+        'grpc.max_receive_message_length': 64 * 1024 * 1024,
+        'grpc.keepalive_time_ms': 30_000,
+        'grpc.enable_retries': 0,
+        'grpc.enable_channelz': 0,
+      });
+      this.taskChannels.set(address, client);
+    }
+    return client;
+  }
+
   /**
    * Calls a unary RPC on the leader; rejects with {@link CursorlogError}. An `UNAVAILABLE`
    * answer is retried on the member it names (or the next one, after a backoff) while the
@@ -124,7 +145,7 @@ export class CursorlogClient {
    * ({@link isIdempotent}: reads, `OpenSession`, `KeepAlive`, appends and completions with
    * `expected_next_seq`).
    */
-  async call<K extends keyof Rpcs>(rpc: K, request: Rpcs[K][0]): Promise<Rpcs[K][1]> {
+  async call<K extends keyof AllRpcs>(rpc: K, request: AllRpcs[K][0]): Promise<AllRpcs[K][1]> {
     const deadline = Date.now() + this.deadlineMs;
     for (;;) {
       const address = this.router.current;
@@ -146,14 +167,14 @@ export class CursorlogClient {
     }
   }
 
-  private once<K extends keyof Rpcs>(address: string, rpc: K, request: Rpcs[K][0], deadline: number): Promise<Rpcs[K][1]> {
-    const client = this.channel(address);
+  private once<K extends keyof AllRpcs>(address: string, rpc: K, request: AllRpcs[K][0], deadline: number): Promise<AllRpcs[K][1]> {
+    const client = TASK_RPCS.has(rpc) ? this.taskChannel(address) : this.channel(address);
     const method = (client as unknown as Record<string, UnaryFn>)[rpc];
     if (method === undefined) return Promise.reject(new CursorlogMcpError(`cursorlog has no RPC ${rpc}`));
     return new Promise((resolve, reject) => {
       method.call(client, request, this.metadata, { deadline }, (error, response) => {
         if (error) reject(error);
-        else resolve(response as Rpcs[K][1]);
+        else resolve(response as AllRpcs[K][1]);
       });
     });
   }
@@ -205,7 +226,9 @@ export class CursorlogClient {
   close(): void {
     this.closed = true;
     for (const client of this.channels.values()) client.close();
+    for (const client of this.taskChannels.values()) client.close();
     this.channels.clear();
+    this.taskChannels.clear();
   }
 }
 

@@ -5,7 +5,7 @@
 export { Cursorlog, defaultLogger, type CursorlogOptions, type Logger } from './core.js';
 export { CursorlogSessions, type SessionsOptions, type Connectable } from './sessions.js';
 export { SessionEventStore, parseCursor } from './store.js';
-export { CursorlogClient, CursorlogError, CursorlogMcpError, type ClientOptions } from './client.js';
+export { CursorlogClient, CursorlogError, CursorlogMcpError, type ClientOptions, type AllRpcs } from './client.js';
 export { Router, parseAddresses, isIdempotent, mayRetry, type RetryHint, type BackoffOptions } from './router.js';
 export { Producer, type ProducerOptions, type ProducerStats } from './producer.js';
 export {
@@ -29,3 +29,11 @@ import { CursorlogSessions as Sessions, type SessionsOptions as Options } from '
 export function cursorlogSessions(cursorlog: CursorlogClass, options: Options): Sessions {
   return new Sessions(cursorlog, options);
 }
+export {
+  CursorlogTaskStore,
+  TaskStoreError,
+  sessionOwner,
+  toSdkTask,
+  DEFAULT_POLL_INTERVAL_MS,
+  type TaskStoreOptions,
+} from './tasks.js';

@@ -17,6 +17,20 @@ export const PROTO_CANDIDATES: readonly string[] = [
   fileURLToPath(new URL('../../../../proto/proto/cursorlog/v1/cursorlog.proto', import.meta.url)),
 ];
 
+/** Where `tasks.proto` (the `cursorlog.v1.Tasks` service) is looked for, in the same order. */
+export const TASKS_PROTO_CANDIDATES: readonly string[] = [
+  fileURLToPath(new URL('../../proto/tasks.proto', import.meta.url)),
+  fileURLToPath(new URL('../../../../proto/proto/cursorlog/v1/tasks.proto', import.meta.url)),
+];
+
+/** The first existing `tasks.proto` of {@link TASKS_PROTO_CANDIDATES}; throws naming both when neither exists. */
+export function tasksProtoPath(): string {
+  for (const candidate of TASKS_PROTO_CANDIDATES) {
+    if (existsSync(candidate)) return candidate;
+  }
+  throw new Error(`tasks.proto not found (looked in ${TASKS_PROTO_CANDIDATES.join(', ')}); run \`npm run build\``);
+}
+
 /** The first existing proto file of {@link PROTO_CANDIDATES}; throws naming both when neither exists. */
 export function protoPath(): string {
   for (const candidate of PROTO_CANDIDATES) {
@@ -184,12 +198,122 @@ export interface Rpcs {
   Stats: [Record<string, never>, Record<string, unknown>];
 }
 
+/** The typed unary RPCs of `cursorlog.v1.Tasks` (see `tasks.proto`). */
+export interface TaskRpcs {
+  CreateTask: [PbCreateTaskRequest, { task?: PbTask; created?: boolean }];
+  GetTask: [{ owner: string; taskId: string; includeOutcome?: boolean }, PbGetTaskResponse];
+  ListTasks: [{ owner: string; cursor?: string; pageSize?: number }, { tasks?: PbTask[]; nextCursor?: string }];
+  UpdateTask: [PbUpdateTaskRequest, { task?: PbTask; duplicate?: boolean }];
+  FinishTask: [PbFinishTaskRequest, { task?: PbTask; duplicate?: boolean }];
+  CancelTask: [
+    { owner: string; taskId: string; mode: 'REQUEST' | 'TERMINAL'; statusMessage?: string },
+    { task?: PbTask; alreadyTerminal?: boolean },
+  ];
+  DeleteTask: [{ owner: string; taskId: string }, { task?: PbTask }];
+  KeepAliveTask: [{ owner: string; taskId: string }, Record<string, never>];
+}
+
+/** The names of {@link TaskRpcs}: these go to the `Tasks` service, every other RPC to `CursorLog`. */
+export const TASK_RPCS: ReadonlySet<string> = new Set([
+  'CreateTask',
+  'GetTask',
+  'ListTasks',
+  'UpdateTask',
+  'RequestInput',
+  'AnswerInput',
+  'CancelTask',
+  'FinishTask',
+  'DeleteTask',
+  'WatchTask',
+  'KeepAliveTask',
+  'EnqueueTaskMessage',
+  'DequeueTaskMessages',
+]);
+
+export type PbTaskStatus = 'TASK_STATUS_UNSPECIFIED' | 'WORKING' | 'INPUT_REQUIRED' | 'COMPLETED' | 'FAILED' | 'CANCELLED';
+export type PbTaskVerdict = 'TASK_VERDICT_UNSPECIFIED' | 'TASK_FOUND' | 'TASK_EXPIRED' | 'TASK_DELETED' | 'TASK_UNKNOWN';
+
+/** `cursorlog.v1.Task` (absent optional fields: not set). */
+export interface PbTask {
+  taskId: string;
+  status: PbTaskStatus;
+  statusMessage?: string;
+  createdAtMs?: U64;
+  lastUpdatedAtMs?: U64;
+  ttlMs?: U64;
+  pollIntervalMs?: U64;
+  version?: U64;
+  cancelRequested?: boolean;
+  context?: Buffer;
+  requestKey?: string;
+  endedAtMs?: U64;
+}
+
+export interface PbTaskOutcome {
+  kind?: 'KIND_UNSPECIFIED' | 'RESULT' | 'ERROR';
+  json?: Buffer;
+}
+
+export interface PbGetTaskResponse {
+  verdict: PbTaskVerdict;
+  view?: { task?: PbTask; outcome?: PbTaskOutcome };
+  deletedAtMs?: U64;
+  finalStatus?: PbTaskStatus;
+}
+
+export interface PbCreateTaskRequest {
+  owner: string;
+  taskId: string;
+  requestKey: string;
+  ttlMs?: U64;
+  pollIntervalMs?: U64;
+  workerLeaseMs?: U64;
+  statusMessage?: string;
+  context?: Buffer;
+}
+
+export interface PbUpdateTaskRequest {
+  owner: string;
+  taskId: string;
+  expectedVersion?: U64;
+  status: PbTaskStatus;
+  statusMessage?: string;
+  ttlMs?: U64;
+  pollIntervalMs?: U64;
+}
+
+export interface PbFinishTaskRequest {
+  owner: string;
+  taskId: string;
+  expectedVersion?: U64;
+  status: PbTaskStatus;
+  statusMessage?: string;
+  outcome?: PbTaskOutcome;
+}
+
 export interface ReadRequest {
   session: string;
   lastEventId: string;
   follow?: boolean;
   resumeOwnStream?: boolean;
   batchEventsMax?: number;
+}
+
+/** The generated grpc-js client constructor for `cursorlog.v1.Tasks`. */
+export function loadTasksConstructor(): grpc.ServiceClientConstructor {
+  const definition = protoLoader.loadSync(tasksProtoPath(), {
+    keepCase: false,
+    longs: String,
+    enums: String,
+    defaults: false,
+    oneofs: true,
+  });
+  const loaded = grpc.loadPackageDefinition(definition) as unknown as {
+    cursorlog?: { v1?: { Tasks?: grpc.ServiceClientConstructor } };
+  };
+  const ctor = loaded.cursorlog?.v1?.Tasks;
+  if (ctor === undefined) throw new Error(`${tasksProtoPath()} does not define cursorlog.v1.Tasks`);
+  return ctor;
 }
 
 /** The generated grpc-js client constructor for `cursorlog.v1.CursorLog`. */

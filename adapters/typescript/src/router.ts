@@ -14,11 +14,20 @@
 export type RetryHint = 'safe' | 'outcome-unknown' | undefined;
 
 /**
+ * Tasks RPCs always safe to resend (tasks.proto "Retry classes"): the reads, `CreateTask` (by
+ * its `request_key`), `FinishTask` (a restated end is `duplicate`), `AnswerInput` (answered keys
+ * are ignored), `CancelTask` (an ended task is acknowledged) and `KeepAliveTask`. Not
+ * `UpdateTask` without `expected_version`, `RequestInput` or `DeleteTask` (a second delete is
+ * NOT_FOUND).
+ */
+const TASK_ALWAYS = ['GetTask', 'ListTasks', 'CreateTask', 'FinishTask', 'AnswerInput', 'CancelTask', 'KeepAliveTask'];
+
+/**
  * Calls always safe to resend: the reads that give verdicts (served by the leader only),
  * `Stats`, `KeepAlive` (a renewal twice is one renewal) and `OpenSession` (keyed by the
  * session id the caller chose).
  */
-const ALWAYS = new Set(['Resolve', 'Read', 'GetOutcome', 'GetSession', 'Stats', 'KeepAlive', 'OpenSession']);
+const ALWAYS = new Set(['Resolve', 'Read', 'GetOutcome', 'GetSession', 'Stats', 'KeepAlive', 'OpenSession', ...TASK_ALWAYS]);
 
 /**
  * Splits an address option into the member list: a comma-separated string
@@ -49,6 +58,8 @@ export function isIdempotent(rpc: string, request: unknown): boolean {
   if (ALWAYS.has(rpc)) return true;
   const r = (request ?? {}) as { expectedNextSeq?: unknown; items?: BatchItemShape[] };
   if (rpc === 'Append' || rpc === 'Complete') return hasSeq(r);
+  // A compare-and-set update applied before is refused (ABORTED) on a resend, never applied twice.
+  if (rpc === 'UpdateTask') return (r as { expectedVersion?: unknown }).expectedVersion != null;
   if (rpc === 'AppendBatch') {
     return (r.items ?? []).every((item) => item.open === undefined && (item.append !== undefined ? hasSeq(item.append) : hasSeq(item.complete)));
   }
