@@ -1,0 +1,345 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATUS_UNSPECIFIED: _ClassVar[TaskStatus]
+    WORKING: _ClassVar[TaskStatus]
+    INPUT_REQUIRED: _ClassVar[TaskStatus]
+    COMPLETED: _ClassVar[TaskStatus]
+    FAILED: _ClassVar[TaskStatus]
+    CANCELLED: _ClassVar[TaskStatus]
+
+class TaskVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_VERDICT_UNSPECIFIED: _ClassVar[TaskVerdict]
+    TASK_FOUND: _ClassVar[TaskVerdict]
+    TASK_EXPIRED: _ClassVar[TaskVerdict]
+    TASK_DELETED: _ClassVar[TaskVerdict]
+    TASK_UNKNOWN: _ClassVar[TaskVerdict]
+
+class TaskEndCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_END_CAUSE_UNSPECIFIED: _ClassVar[TaskEndCause]
+    TASK_END_CAUSE_CLIENT: _ClassVar[TaskEndCause]
+    TASK_END_CAUSE_TTL_EXPIRED: _ClassVar[TaskEndCause]
+    TASK_END_CAUSE_LEASE_EXPIRED: _ClassVar[TaskEndCause]
+    TASK_END_CAUSE_FENCED: _ClassVar[TaskEndCause]
+TASK_STATUS_UNSPECIFIED: TaskStatus
+WORKING: TaskStatus
+INPUT_REQUIRED: TaskStatus
+COMPLETED: TaskStatus
+FAILED: TaskStatus
+CANCELLED: TaskStatus
+TASK_VERDICT_UNSPECIFIED: TaskVerdict
+TASK_FOUND: TaskVerdict
+TASK_EXPIRED: TaskVerdict
+TASK_DELETED: TaskVerdict
+TASK_UNKNOWN: TaskVerdict
+TASK_END_CAUSE_UNSPECIFIED: TaskEndCause
+TASK_END_CAUSE_CLIENT: TaskEndCause
+TASK_END_CAUSE_TTL_EXPIRED: TaskEndCause
+TASK_END_CAUSE_LEASE_EXPIRED: TaskEndCause
+TASK_END_CAUSE_FENCED: TaskEndCause
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "status", "status_message", "created_at_ms", "last_updated_at_ms", "ttl_ms", "poll_interval_ms", "version", "cancel_requested", "context", "request_key", "worker_lease_ms", "ended_at_ms", "end_cause")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    POLL_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    WORKER_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    END_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    status: TaskStatus
+    status_message: str
+    created_at_ms: int
+    last_updated_at_ms: int
+    ttl_ms: int
+    poll_interval_ms: int
+    version: int
+    cancel_requested: bool
+    context: bytes
+    request_key: str
+    worker_lease_ms: int
+    ended_at_ms: int
+    end_cause: TaskEndCause
+    def __init__(self, task_id: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., status_message: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., last_updated_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., poll_interval_ms: _Optional[int] = ..., version: _Optional[int] = ..., cancel_requested: bool = ..., context: _Optional[bytes] = ..., request_key: _Optional[str] = ..., worker_lease_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., end_cause: _Optional[_Union[TaskEndCause, str]] = ...) -> None: ...
+
+class TaskOutcome(_message.Message):
+    __slots__ = ("kind", "json")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[TaskOutcome.Kind]
+        RESULT: _ClassVar[TaskOutcome.Kind]
+        ERROR: _ClassVar[TaskOutcome.Kind]
+    KIND_UNSPECIFIED: TaskOutcome.Kind
+    RESULT: TaskOutcome.Kind
+    ERROR: TaskOutcome.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    kind: TaskOutcome.Kind
+    json: bytes
+    def __init__(self, kind: _Optional[_Union[TaskOutcome.Kind, str]] = ..., json: _Optional[bytes] = ...) -> None: ...
+
+class InputSlot(_message.Message):
+    __slots__ = ("key", "request", "response")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    request: bytes
+    response: bytes
+    def __init__(self, key: _Optional[str] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ...) -> None: ...
+
+class TaskView(_message.Message):
+    __slots__ = ("task", "outstanding", "outcome")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    outstanding: _containers.RepeatedCompositeFieldContainer[InputSlot]
+    outcome: TaskOutcome
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., outstanding: _Optional[_Iterable[_Union[InputSlot, _Mapping]]] = ..., outcome: _Optional[_Union[TaskOutcome, _Mapping]] = ...) -> None: ...
+
+class CreateTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "request_key", "ttl_ms", "poll_interval_ms", "worker_lease_ms", "status_message", "context")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    POLL_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    request_key: str
+    ttl_ms: int
+    poll_interval_ms: int
+    worker_lease_ms: int
+    status_message: str
+    context: bytes
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., request_key: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., poll_interval_ms: _Optional[int] = ..., worker_lease_ms: _Optional[int] = ..., status_message: _Optional[str] = ..., context: _Optional[bytes] = ...) -> None: ...
+
+class CreateTaskResponse(_message.Message):
+    __slots__ = ("task", "created")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    created: bool
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., created: bool = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "include_outcome")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    include_outcome: bool
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., include_outcome: bool = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("verdict", "view", "deleted_at_ms", "final_status")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    DELETED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_STATUS_FIELD_NUMBER: _ClassVar[int]
+    verdict: TaskVerdict
+    view: TaskView
+    deleted_at_ms: int
+    final_status: TaskStatus
+    def __init__(self, verdict: _Optional[_Union[TaskVerdict, str]] = ..., view: _Optional[_Union[TaskView, _Mapping]] = ..., deleted_at_ms: _Optional[int] = ..., final_status: _Optional[_Union[TaskStatus, str]] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("owner", "cursor", "page_size")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    cursor: str
+    page_size: int
+    def __init__(self, owner: _Optional[str] = ..., cursor: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "next_cursor")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    next_cursor: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., next_cursor: _Optional[str] = ...) -> None: ...
+
+class UpdateTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "expected_version", "status", "status_message", "ttl_ms", "poll_interval_ms")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    POLL_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    expected_version: int
+    status: TaskStatus
+    status_message: str
+    ttl_ms: int
+    poll_interval_ms: int
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., expected_version: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., status_message: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., poll_interval_ms: _Optional[int] = ...) -> None: ...
+
+class TaskResponse(_message.Message):
+    __slots__ = ("task", "duplicate")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    duplicate: bool
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., duplicate: bool = ...) -> None: ...
+
+class RequestInputRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "requests", "status_message")
+    class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    requests: _containers.ScalarMap[str, bytes]
+    status_message: str
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., requests: _Optional[_Mapping[str, bytes]] = ..., status_message: _Optional[str] = ...) -> None: ...
+
+class AnswerInputRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "responses")
+    class ResponsesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    responses: _containers.ScalarMap[str, bytes]
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., responses: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class AnswerInputResponse(_message.Message):
+    __slots__ = ("task", "accepted", "ignored")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    IGNORED_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    accepted: _containers.RepeatedScalarFieldContainer[str]
+    ignored: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., accepted: _Optional[_Iterable[str]] = ..., ignored: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "mode", "status_message")
+    class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        MODE_UNSPECIFIED: _ClassVar[CancelTaskRequest.Mode]
+        REQUEST: _ClassVar[CancelTaskRequest.Mode]
+        TERMINAL: _ClassVar[CancelTaskRequest.Mode]
+    MODE_UNSPECIFIED: CancelTaskRequest.Mode
+    REQUEST: CancelTaskRequest.Mode
+    TERMINAL: CancelTaskRequest.Mode
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    mode: CancelTaskRequest.Mode
+    status_message: str
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., mode: _Optional[_Union[CancelTaskRequest.Mode, str]] = ..., status_message: _Optional[str] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("task", "already_terminal")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    already_terminal: bool
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., already_terminal: bool = ...) -> None: ...
+
+class FinishTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "expected_version", "status", "status_message", "outcome")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    expected_version: int
+    status: TaskStatus
+    status_message: str
+    outcome: TaskOutcome
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., expected_version: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., status_message: _Optional[str] = ..., outcome: _Optional[_Union[TaskOutcome, _Mapping]] = ...) -> None: ...
+
+class FinishTaskResponse(_message.Message):
+    __slots__ = ("task", "duplicate")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    duplicate: bool
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., duplicate: bool = ...) -> None: ...
+
+class DeleteTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class DeleteTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class WatchTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "after_version")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    after_version: int
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., after_version: _Optional[int] = ...) -> None: ...
+
+class KeepAliveTaskRequest(_message.Message):
+    __slots__ = ("owner", "task_id")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class KeepAliveTaskResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,370 @@
+"""``CursorlogTaskStore``: the ``mcp`` 1.x ``TaskStore`` on cursorlog's ``Tasks`` service, so
+every replica of an MCP server reads, updates and cancels the same tasks (docs/TASKS-DESIGN.md
+§4.3)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import anyio
+import grpc
+from mcp.shared.experimental.tasks.helpers import is_terminal
+from mcp.shared.experimental.tasks.store import TaskStore
+from mcp.types import (
+    CallToolResult,
+    CreateMessageResult,
+    ElicitResult,
+    Result,
+    Task,
+    TaskMetadata,
+    TaskStatus,
+)
+from pydantic import ValidationError
+
+from ._proto import tasks_pb2 as pb
+from .client import TasksClient
+
+_TO_PB: dict[str, pb.TaskStatus] = {
+    "working": pb.WORKING,
+    "input_required": pb.INPUT_REQUIRED,
+    "completed": pb.COMPLETED,
+    "failed": pb.FAILED,
+    "cancelled": pb.CANCELLED,
+}
+_FROM_PB: dict[pb.TaskStatus, TaskStatus] = {
+    pb.WORKING: "working",
+    pb.INPUT_REQUIRED: "input_required",
+    pb.COMPLETED: "completed",
+    pb.FAILED: "failed",
+    pb.CANCELLED: "cancelled",
+}
+
+UNLIMITED_TTL_MS = 2**64 - 1
+"""Sent for ``TaskMetadata(ttl=None)``: the server clamps it to its ``--task-ttl-max-secs``."""
+
+_SEEN_MAX = 10_000
+
+# The result types a task of the SDK ends with, most specific first (a stored result is JSON;
+# ``get_result`` gives back the SDK type it validates as, or a plain ``Result``).
+_RESULT_TYPES: tuple[type[Result], ...] = (CreateMessageResult, CallToolResult, ElicitResult)
+
+
+class CursorlogTaskStoreError(RuntimeError):
+    """cursorlog could not be reached or refused a call for a reason the ``TaskStore`` interface
+    has no word for (UNAVAILABLE, UNAUTHENTICATED, RESOURCE_EXHAUSTED, INTERNAL...). The gRPC
+    error is the ``__cause__``."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @classmethod
+    def from_rpc(cls, operation: str, error: grpc.aio.AioRpcError) -> CursorlogTaskStoreError:
+        """The error for a failed call of ``operation``."""
+        return cls(f"cursorlog {operation}: {error.code().name}: {error.details()}", error.code())
+
+
+def _time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def to_mcp_task(task: pb.Task) -> Task:
+    """The SDK's ``Task`` for a cursorlog task."""
+    return Task(
+        taskId=task.task_id,
+        status=_FROM_PB[task.status],
+        statusMessage=task.status_message if task.HasField("status_message") else None,
+        createdAt=_time(task.created_at_ms),
+        lastUpdatedAt=_time(task.last_updated_at_ms),
+        ttl=task.ttl_ms if task.HasField("ttl_ms") else None,
+        pollInterval=task.poll_interval_ms,
+    )
+
+
+def result_to_json(result: Result) -> bytes:
+    """A result as cursorlog keeps it: the MCP JSON of the result, as the wire carries it."""
+    return json.dumps(result.model_dump(by_alias=True, mode="json", exclude_none=True)).encode()
+
+
+def result_from_json(raw: bytes) -> Result:
+    """The SDK type a stored result validates as (``CreateMessageResult``, ``CallToolResult``,
+    ``ElicitResult``), else a ``Result`` keeping every field."""
+    data = json.loads(raw)
+    for kind in _RESULT_TYPES:
+        try:
+            return kind.model_validate(data)
+        except ValidationError:
+            continue
+    return Result.model_validate(data)
+
+
+class CursorlogTaskStore(TaskStore):
+    """A durable ``TaskStore`` shared by every replica that names the same cursorlog and owner.
+
+    - ``owner``: the cursorlog owner of every task of this store (default ``""``, the shared
+      namespace). The SDK's methods take no session; since mcp 1.27 the session is in the task
+      id and the SDK checks it, so one owner per store is enough. Stores with different owners
+      never see each other's tasks.
+    - ``page_size``: tasks per ``list_tasks`` page (10, as ``InMemoryTaskStore``).
+    - ``poll_interval_ms``: the ``pollInterval`` of new tasks (500, as the SDK's).
+    - ``worker_lease_ms``: optional; without a write from the worker within it the task fails,
+      so a task whose replica died never stays ``working`` (renew with ``keep_alive``).
+
+    Differences from ``InMemoryTaskStore``: ``store_result`` ends the task ``completed`` with its
+    result in one durable write (the SDK's following ``update_task(status="completed")`` restates
+    it and is a no-op); an ended task never changes, so its status message cannot be updated
+    (``ValueError``); ``ttl=None`` is granted the server's maximum TTL, not forever.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        owner: str = "",
+        page_size: int = 10,
+        poll_interval_ms: int = 500,
+        worker_lease_ms: int | None = None,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.client = TasksClient(target, token=token, timeout_s=timeout_s)
+        self.owner = owner
+        self.page_size = page_size
+        self.poll_interval_ms = poll_interval_ms
+        self.worker_lease_ms = worker_lease_ms
+        self._seen: dict[str, int] = {}
+        self._local: dict[str, anyio.Event] = {}
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _saw(self, task: pb.Task) -> None:
+        if task.version > self._seen.get(task.task_id, 0):
+            self._seen[task.task_id] = task.version
+            while len(self._seen) > _SEEN_MAX:
+                del self._seen[next(iter(self._seen))]
+
+    async def _call(self, operation: str, rpc: str, request: Any) -> Any:
+        try:
+            return await self.client.unary(rpc, request)
+        except grpc.aio.AioRpcError as e:
+            raise CursorlogTaskStoreError.from_rpc(operation, e) from e
+
+    async def _get(self, task_id: str, *, outcome: bool = False) -> pb.GetTaskResponse:
+        request = pb.GetTaskRequest(owner=self.owner, task_id=task_id, include_outcome=outcome)
+        response: pb.GetTaskResponse = await self._call("get_task", "GetTask", request)
+        if response.verdict == pb.TASK_FOUND:
+            self._saw(response.view.task)
+        return response
+
+    async def _found(self, task_id: str) -> pb.Task:
+        response = await self._get(task_id)
+        if response.verdict != pb.TASK_FOUND:
+            raise ValueError(f"Task with ID {task_id} not found")
+        return response.view.task
+
+    async def _ended(self, task_id: str, e: CursorlogTaskStoreError) -> ValueError:
+        """The SDK's error for a write refused because the task ended (or is gone)."""
+        if e.code == grpc.StatusCode.NOT_FOUND:
+            return ValueError(f"Task with ID {task_id} not found")
+        task = await self._found(task_id)
+        return ValueError(f"Cannot transition from terminal status '{_FROM_PB[task.status]}'")
+
+    # -- TaskStore ------------------------------------------------------------------------------------------
+    async def create_task(self, metadata: TaskMetadata, task_id: str | None = None) -> Task:
+        """``CreateTask``, durable before it returns; the task id is the idempotency key (the SDK
+        passes no request id), so an existing id is ``ValueError`` as in the SDK's store."""
+        task_id = task_id or str(uuid.uuid4())
+        request = pb.CreateTaskRequest(
+            owner=self.owner,
+            task_id=task_id,
+            request_key=task_id,
+            ttl_ms=metadata.ttl if metadata.ttl is not None else UNLIMITED_TTL_MS,
+            poll_interval_ms=self.poll_interval_ms,
+        )
+        if self.worker_lease_ms is not None:
+            request.worker_lease_ms = self.worker_lease_ms
+        try:
+            response: pb.CreateTaskResponse = await self._call("create_task", "CreateTask", request)
+        except CursorlogTaskStoreError as e:
+            if e.code == grpc.StatusCode.ALREADY_EXISTS:
+                raise ValueError(f"Task with ID {task_id} already exists") from e
+            raise
+        if not response.created:
+            raise ValueError(f"Task with ID {task_id} already exists")
+        self._saw(response.task)
+        return to_mcp_task(response.task)
+
+    async def get_task(self, task_id: str) -> Task | None:
+        """``GetTask`` (linearizable: any replica sees a task right after its creation); ``None``
+        unless found (unknown, another owner's, deleted or expired)."""
+        response = await self._get(task_id)
+        return to_mcp_task(response.view.task) if response.verdict == pb.TASK_FOUND else None
+
+    async def update_task(
+        self, task_id: str, status: TaskStatus | None = None, status_message: str | None = None
+    ) -> Task:
+        """A running status (or only a message) → ``UpdateTask``; an ending status →
+        ``FinishTask`` without an outcome. Restating an ended task's status is a no-op; any other
+        change of an ended task is ``ValueError`` ("Cannot transition from terminal status")."""
+        if status is not None and is_terminal(status):
+            return await self._finish(task_id, status, status_message)
+        for _ in range(8):
+            current = await self._found(task_id)
+            if is_terminal(_FROM_PB[current.status]):
+                if status is None and status_message is None:
+                    return to_mcp_task(current)
+                raise ValueError(f"Cannot transition from terminal status '{_FROM_PB[current.status]}'")
+            request = pb.UpdateTaskRequest(
+                owner=self.owner,
+                task_id=task_id,
+                expected_version=current.version,
+                status=_TO_PB[status] if status is not None else current.status,
+            )
+            if status_message is not None:
+                request.status_message = status_message
+            try:
+                response: pb.TaskResponse = await self._call("update_task", "UpdateTask", request)
+            except CursorlogTaskStoreError as e:
+                if e.code == grpc.StatusCode.ABORTED:
+                    continue  # another writer moved it: read again
+                if e.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                    raise await self._ended(task_id, e) from e
+                raise
+            self._saw(response.task)
+            self._wake(task_id)
+            return to_mcp_task(response.task)
+        raise CursorlogTaskStoreError(
+            f"update_task {task_id}: the task kept changing under 8 attempts", grpc.StatusCode.ABORTED
+        )
+
+    async def _finish(
+        self, task_id: str, status: TaskStatus, status_message: str | None, outcome: pb.TaskOutcome | None = None
+    ) -> Task:
+        request = pb.FinishTaskRequest(owner=self.owner, task_id=task_id, status=_TO_PB[status])
+        if status_message is not None:
+            request.status_message = status_message
+        if outcome is not None:
+            request.outcome.CopyFrom(outcome)
+        try:
+            response: pb.FinishTaskResponse = await self._call("finish_task", "FinishTask", request)
+        except CursorlogTaskStoreError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                raise ValueError(f"Task with ID {task_id} not found") from e
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            current = await self._found(task_id)
+            if current.status == _TO_PB[status] and outcome is None:
+                return to_mcp_task(current)  # a restatement (with another message): the end stands
+            raise ValueError(f"Cannot transition from terminal status '{_FROM_PB[current.status]}'") from e
+        self._saw(response.task)
+        self._wake(task_id)
+        return to_mcp_task(response.task)
+
+    async def store_result(self, task_id: str, result: Result) -> None:
+        """``FinishTask{COMPLETED, RESULT}``: the task ends with its result in one durable write,
+        so no replica ever sees ``completed`` without the result. ``ValueError`` when the task is
+        unknown or ended otherwise (cancelled, failed) before."""
+        outcome = pb.TaskOutcome(kind=pb.TaskOutcome.RESULT, json=result_to_json(result))
+        await self._finish(task_id, "completed", None, outcome)
+
+    async def get_result(self, task_id: str) -> Result | None:
+        """The stored result of a completed task, else ``None``."""
+        response = await self._get(task_id, outcome=True)
+        if response.verdict != pb.TASK_FOUND or not response.view.HasField("outcome"):
+            return None
+        outcome = response.view.outcome
+        if outcome.kind != pb.TaskOutcome.RESULT:
+            return None
+        return result_from_json(outcome.json)
+
+    async def list_tasks(self, cursor: str | None = None) -> tuple[list[Task], str | None]:
+        """``ListTasks``: one page of this owner's tasks in creation order; a cursor that does not
+        decode is ``ValueError("Invalid cursor: ...")`` as in the SDK's store."""
+        request = pb.ListTasksRequest(owner=self.owner, cursor=cursor or "", page_size=self.page_size)
+        try:
+            response: pb.ListTasksResponse = await self._call("list_tasks", "ListTasks", request)
+        except CursorlogTaskStoreError as e:
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ValueError(f"Invalid cursor: {cursor}") from e
+            raise
+        return [to_mcp_task(t) for t in response.tasks], response.next_cursor or None
+
+    async def delete_task(self, task_id: str) -> bool:
+        """``DeleteTask``: ``True`` when deleted, ``False`` when not found."""
+        request = pb.DeleteTaskRequest(owner=self.owner, task_id=task_id)
+        try:
+            await self._call("delete_task", "DeleteTask", request)
+        except CursorlogTaskStoreError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise
+        self._seen.pop(task_id, None)
+        self._wake(task_id)
+        return True
+
+    async def wait_for_update(self, task_id: str) -> None:
+        """Returns at the task's next change after the last version this store saw of it, taken by
+        any replica (``WatchTask``), or at a local ``notify_update``. Returns at once for an ended
+        task (it will not change). ``ValueError`` when the task is not found."""
+        after = self._seen.get(task_id)
+        if after is None:
+            after = (await self._found(task_id)).version
+        event = self._local.setdefault(task_id, anyio.Event())
+        async with anyio.create_task_group() as group:
+
+            async def local() -> None:
+                await event.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(local)
+            try:
+                await self._watch(task_id, after)
+            finally:
+                group.cancel_scope.cancel()
+
+    async def _watch(self, task_id: str, after: int) -> None:
+        request = pb.WatchTaskRequest(owner=self.owner, task_id=task_id, after_version=after)
+        call = self.client.watch(request)
+        try:
+            async for response in call:
+                if response.verdict == pb.TASK_FOUND:
+                    self._saw(response.view.task)
+                    if response.view.task.version <= after and not is_terminal(_FROM_PB[response.view.task.status]):
+                        continue
+                return
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                raise ValueError(f"Task with ID {task_id} not found") from e
+            raise CursorlogTaskStoreError.from_rpc("wait_for_update", e) from e
+        finally:
+            cancel = getattr(call, "cancel", None)
+            if cancel is not None:
+                cancel()
+
+    def _wake(self, task_id: str) -> None:
+        event = self._local.pop(task_id, None)
+        if event is not None:
+            event.set()
+
+    async def notify_update(self, task_id: str) -> None:
+        """Wakes this process's ``wait_for_update`` callers of the task. Other replicas need no
+        bell: every write to cursorlog wakes their ``WatchTask``."""
+        self._wake(task_id)
+
+    # -- beyond the interface -------------------------------------------------------------------------------
+    async def keep_alive(self, task_id: str) -> None:
+        """Renews the task's worker lease (``KeepAliveTask``)."""
+        request = pb.KeepAliveTaskRequest(owner=self.owner, task_id=task_id)
+        try:
+            await self._call("keep_alive", "KeepAliveTask", request)
+        except CursorlogTaskStoreError as e:
+            if e.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                raise await self._ended(task_id, e) from e
+            raise
+
+    async def close(self) -> None:
+        """Closes the gRPC channel of the running event loop."""
+        await self.client.close()
