@@ -328,9 +328,14 @@ impl Conn {
 
     /// The member calls go to now, and a client for it.
     pub(crate) fn current(&self) -> (String, RawClient) {
+        self.current_with(raw)
+    }
+
+    /// The member calls go to now, and a client of another service (`make`) on its channel.
+    pub(crate) fn current_with<C>(&self, make: fn(Channel, &BearerToken) -> C) -> (String, C) {
         let r = &self.router;
         if let Some(channel) = &r.fixed {
-            return (String::new(), raw(channel.clone(), &r.token));
+            return (String::new(), make(channel.clone(), &r.token));
         }
         let member = locked(&r.current).clone();
         let channel = {
@@ -340,7 +345,7 @@ impl Conn {
                 .or_insert_with(|| lazy_channel(&r.scheme, &member))
                 .clone()
         };
-        (member, raw(channel, &r.token))
+        (member, make(channel, &r.token))
     }
 
     /// Moves on after `next` for an attempt on `tried`: to the named leader, or (after the
@@ -369,14 +374,29 @@ impl Conn {
     }
 
     /// Sends `f` to the leader, resending as `op` allows until the deadline.
-    pub(crate) async fn call<T, F, Fut>(&self, op: Op, mut f: F) -> Result<T, Status>
+    pub(crate) async fn call<T, F, Fut>(&self, op: Op, f: F) -> Result<T, Status>
     where
         F: FnMut(RawClient) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        self.call_with(op, raw, f).await
+    }
+
+    /// [`Conn::call`] for another service of the member (`make` builds its client, e.g. the
+    /// `Tasks` client), with the same leader following and resending.
+    pub(crate) async fn call_with<C, T, F, Fut>(
+        &self,
+        op: Op,
+        make: fn(Channel, &BearerToken) -> C,
+        mut f: F,
+    ) -> Result<T, Status>
+    where
+        F: FnMut(C) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
         let mut attempts = Attempts::new(Instant::now());
         loop {
-            let (member, client) = self.current();
+            let (member, client) = self.current_with(make);
             let status = match f(client).await {
                 Ok(answer) => return Ok(answer),
                 Err(status) => status,

@@ -35,6 +35,7 @@ pub mod session;
 pub mod session_store;
 pub mod stateless;
 pub mod store;
+pub mod tasks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -353,6 +354,11 @@ impl Cursorlog {
             idle_ttl: tokio::sync::OnceCell::new(),
         });
         (shared, session)
+    }
+
+    /// The durable task manager (SEP-2663 tasks in cursorlog's `Tasks` service); see [`tasks`].
+    pub fn task_manager(&self) -> tasks::CursorlogTaskManager {
+        tasks::CursorlogTaskManager::new(self.client())
     }
 
     /// The rmcp session store (`StreamableHttpServerConfig::session_store`), so a replica can

@@ -4,6 +4,12 @@
 //! Tool `countdown {steps, delay_ms}` sends `steps` progress notifications, `delay_ms` apart,
 //! then returns "countdown of N done". Each execution is appended to `--exec-log` (if set), so
 //! a test can prove that a resumed call ran exactly once.
+//!
+//! With `--tasks` the replica also advertises the tasks extension (SEP-2663) and serves the
+//! conformance suite's task fixtures as durable tasks in cursorlog (see `demo/tasks.rs`).
+
+#[path = "demo/tasks.rs"]
+mod fixtures;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -12,11 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use cursorlog_rmcp::tasks::CursorlogTaskManager;
 use cursorlog_rmcp::{AdapterConfig, Cursorlog, OnEvicted};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, NumberOrString, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    ErrorData, GetTaskParams, GetTaskResult, ListToolsResult, NumberOrString,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig, Tool, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -52,11 +60,22 @@ struct Args {
     /// rest of the stream) or `error` (the -32011 error).
     #[arg(long, default_value = "mark-gap", value_parser = ["mark-gap", "error"])]
     on_evicted: String,
+    /// Serve durable tasks (SEP-2663) and the conformance suite's task fixtures.
+    #[arg(long)]
+    tasks: bool,
+    /// Worker lease of each task, in ms: a task whose replica dies fails after it.
+    #[arg(long, default_value_t = 10_000)]
+    task_worker_lease_ms: u64,
 }
 
 #[derive(Debug, Clone)]
 struct Demo {
     exec_log: Option<Arc<PathBuf>>,
+    tasks: Option<CursorlogTaskManager>,
+}
+
+fn tasks_off() -> ErrorData {
+    ErrorData::method_not_found::<rmcp::model::GetTaskMethod>()
 }
 
 impl Demo {
@@ -102,7 +121,42 @@ fn arg(request: &CallToolRequestParams, name: &str, default: u64) -> u64 {
 
 impl ServerHandler for Demo {
     fn get_info(&self) -> ServerConfig {
+        if self.tasks.is_some() {
+            return ServerConfig::new(
+                ServerCapabilities::builder()
+                    .enable_tools()
+                    .enable_tasks()
+                    .build(),
+            );
+        }
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let tasks = self.tasks.as_ref().ok_or_else(tasks_off)?;
+        fixtures::get_task(tasks, request, context).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let tasks = self.tasks.as_ref().ok_or_else(tasks_off)?;
+        fixtures::update_task(tasks, request, context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let tasks = self.tasks.as_ref().ok_or_else(tasks_off)?;
+        fixtures::cancel_task(tasks, request, context).await
     }
 
     async fn list_tools(
@@ -110,7 +164,11 @@ impl ServerHandler for Demo {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(vec![countdown_tool()]))
+        let mut tools = vec![countdown_tool()];
+        if self.tasks.is_some() {
+            tools.extend(fixtures::tools());
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -118,6 +176,11 @@ impl ServerHandler for Demo {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(tasks) = &self.tasks {
+            if fixtures::is_fixture(&request.name) {
+                return fixtures::call_tool(tasks, request, context).await;
+            }
+        }
         if request.name != "countdown" {
             return Err(ErrorData::invalid_params(
                 format!("unknown tool {}", request.name),
@@ -184,8 +247,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = StreamableHttpServerConfig::default();
     config.sse_retry = Some(Duration::from_millis(args.sse_retry_ms));
     config.session_store = Some(Arc::new(cursorlog.session_store()));
+    let tasks = args.tasks.then(|| {
+        cursorlog
+            .task_manager()
+            .with_worker_lease(Duration::from_millis(args.task_worker_lease_ms.max(1)))
+    });
     let demo = Demo {
         exec_log: args.exec_log.map(Arc::new),
+        tasks,
     };
     let service = StreamableHttpService::new(
         move || Ok(demo.clone()),
