@@ -5,7 +5,7 @@ bearer token on every call, and a follower's redirect (UNAVAILABLE naming the le
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -73,10 +73,10 @@ class TasksClient:
                 raise
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
-    def watch(self, request: Any) -> AsyncIterator[Any]:
-        """Opens a WatchTask stream at the current member (the caller handles errors)."""
-        call: AsyncIterator[Any] = self._stub(self._current).WatchTask(request, metadata=self._metadata())
-        return call
+    def watch(self, request: Any) -> grpc.aio.UnaryStreamCall:
+        """Opens a WatchTask stream at the current member (the caller handles errors and cancels
+        it)."""
+        return self._stub(self._current).WatchTask(request, metadata=self._metadata())
 
     async def close(self) -> None:
         """Closes the channels of the running loop (others are dropped: they cannot be closed

@@ -137,7 +137,7 @@ class CursorlogTaskStore(TaskStore):
         self.poll_interval_ms = poll_interval_ms
         self.worker_lease_ms = worker_lease_ms
         self._seen: dict[str, int] = {}
-        self._local: dict[str, anyio.Event] = {}
+        self._update_events: dict[str, anyio.Event] = {}
 
     # -- helpers --------------------------------------------------------------------------------------------
     def _saw(self, task: pb.Task) -> None:
@@ -312,7 +312,7 @@ class CursorlogTaskStore(TaskStore):
         after = self._seen.get(task_id)
         if after is None:
             after = (await self._found(task_id)).version
-        event = self._local.setdefault(task_id, anyio.Event())
+        event = self._update_events.setdefault(task_id, anyio.Event())
         async with anyio.create_task_group() as group:
 
             async def local() -> None:
@@ -340,12 +340,14 @@ class CursorlogTaskStore(TaskStore):
                 raise ValueError(f"Task with ID {task_id} not found") from e
             raise CursorlogTaskStoreError.from_rpc("wait_for_update", e) from e
         finally:
-            cancel = getattr(call, "cancel", None)
-            if cancel is not None:
-                cancel()
+            # Cancel the stream and wait for gRPC to finish it, so no callback of it is left for
+            # an event loop that may close next.
+            with anyio.CancelScope(shield=True):
+                call.cancel()
+                await call.code()
 
     def _wake(self, task_id: str) -> None:
-        event = self._local.pop(task_id, None)
+        event = self._update_events.pop(task_id, None)
         if event is not None:
             event.set()
 
