@@ -11,8 +11,8 @@ use crate::state::StreamState;
 mod task;
 pub use task::{
     CancelMode, CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange,
-    TaskFinish, TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView,
-    TaskWritten,
+    TaskDequeue, TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer,
+    TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView, TaskWritten,
 };
 
 /// An event as handed in by a producer; cursorlog assigns its seq and time.

@@ -165,6 +165,8 @@ pub(crate) fn apply(
         Record::TaskInputAnswered(a) => task::input_answered(txn, a)?,
         Record::TaskCancelRequested(c) => task::cancel_requested(txn, c.id, c.version, c.at_ms)?,
         Record::TaskEnded(e) => task::ended(txn, e)?,
+        Record::TaskQueued(q) => task::queued(txn, q)?,
+        Record::TaskDequeued(d) => task::dequeued(txn, d)?,
         Record::TaskDeleted(d) => task::deleted(txn, d)?,
         Record::TaskSnapshot(s) => task::snapshot(txn, lsn, s)?,
         Record::TaskForgotten(f) => task::forgotten(txn, f.id)?,

@@ -107,6 +107,14 @@ pub struct TaskLimits {
     /// Most bytes of input requests and answers one task may hold over its life (they are
     /// kept until it is deleted, and carried forward with it). Default 4 MiB.
     pub input_bytes_max: u32,
+    /// Largest result or error a task ends with, in bytes. Default 1 MiB.
+    pub outcome_bytes_max: u32,
+    /// Most messages one of a task's queues holds (an enqueuer's own `max_len` may be
+    /// lower). Default 1024.
+    pub queue_len_max: u32,
+    /// Most bytes of messages one of a task's queues holds. Default 1 MiB (a task's whole
+    /// state, both queues and their last batches included, must fit one record).
+    pub queue_bytes_max: u32,
 }
 
 impl Default for TaskLimits {
@@ -120,6 +128,9 @@ impl Default for TaskLimits {
             context_bytes_max: 64 * 1024,
             status_message_bytes_max: 4 * 1024,
             input_bytes_max: 4 * 1024 * 1024,
+            outcome_bytes_max: 1024 * 1024,
+            queue_len_max: 1024,
+            queue_bytes_max: 1024 * 1024,
         }
     }
 }

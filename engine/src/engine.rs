@@ -180,7 +180,7 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
 }
 
 /// A task's whole state must fit one snapshot record: its context, message, ids, every
-/// input it ever held and its outcome (at most one payload) under [`BODY_BYTES_MAX`].
+/// input it ever held, its outcome and both its queues under [`BODY_BYTES_MAX`].
 fn validate_task_limits(c: &Config) -> Result<()> {
     let t = &c.tasks;
     if t.ttl_max.is_zero() || t.ttl_default.is_zero() || t.ttl_default > t.ttl_max {
@@ -189,24 +189,30 @@ fn validate_task_limits(c: &Config) -> Result<()> {
             "must be at least 1 ms and at most tasks.ttl_max",
         ));
     }
-    if t.per_owner_max == 0 || t.tasks_max == 0 {
+    if t.per_owner_max == 0 || t.tasks_max == 0 || t.queue_len_max == 0 {
         return Err(Error::invalid(
             "tasks.per_owner_max",
-            "task caps must be at least 1",
+            "task caps and the queue length must be at least 1",
         ));
     }
+    // Each queued message carries up to three ids and its fields beside its bytes; the last
+    // dequeued batch is kept too (a queue's worth at most).
+    let per_message = 3 * u64::from(c.id_bytes_max) + 64;
+    let queue = 2 * u64::from(t.queue_bytes_max) + 2 * u64::from(t.queue_len_max) * per_message;
     let whole = u64::from(t.context_bytes_max)
         + u64::from(t.status_message_bytes_max)
         + u64::from(t.input_bytes_max)
-        + u64::from(c.payload_bytes_max)
+        + u64::from(t.outcome_bytes_max)
+        + 2 * queue
         + 3 * u64::from(c.id_bytes_max)
         + 1024;
     if whole > u64::from(BODY_BYTES_MAX) {
         return Err(Error::invalid(
             "tasks.input_bytes_max",
             format!(
-                "a task's context, message, inputs and outcome (payload_bytes_max) add up to \
-                 {whole} bytes, above one record's {BODY_BYTES_MAX}: lower one of them"
+                "a task's context, message, inputs, outcome and queues (with their last \
+                 batches) add up to {whole} bytes, above one record's {BODY_BYTES_MAX}: lower \
+                 one of them"
             ),
         ));
     }

@@ -321,6 +321,18 @@ pub enum Error {
         /// The status it ended in (the winner's, when two writers raced to end it).
         status: crate::TaskStatus,
     },
+    /// One of the task's queues is full.
+    #[error("the queue of task {task_id:?} is full: {queued} {what} (max {max}); dequeue first")]
+    TaskQueueFull {
+        /// The task.
+        task_id: String,
+        /// Messages or bytes.
+        what: &'static str,
+        /// How many it holds with this message.
+        queued: u64,
+        /// Its bound.
+        max: u64,
+    },
     /// A compare-and-set on the task's version failed: it changed since the caller read it.
     #[error(
         "task {task_id:?} is at version {version}, not {expected_version}: read it again and retry"

@@ -71,8 +71,8 @@ pub use api::{
 };
 pub use api::{
     CancelMode, CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange,
-    TaskFinish, TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView,
-    TaskWritten,
+    TaskDequeue, TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer,
+    TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView, TaskWritten,
 };
 /// The payload type of [`Event`], re-exported so callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
@@ -97,8 +97,8 @@ pub use read::Follower;
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};
 pub use task::{
-    may_move, EndCause, InputSlot, OutcomeKind, SlotState, TaskMeta, TaskOutcome, TaskRemoval,
-    TaskStatus,
+    may_move, EndCause, InputSlot, OutcomeKind, QueuedMessage, SlotState, TaskMeta, TaskOutcome,
+    TaskRemoval, TaskStatus, INBOUND, OUTBOUND,
 };
 pub use task_watch::TaskWatch;
 pub use verdict::{Facts, Resolution, Verdict};

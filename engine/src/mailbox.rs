@@ -9,8 +9,9 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender};
 
 use crate::api::{
     Append, Appended, CreatedTask, EpochAdvanced, InputAnswered, NewEvent, NewTask, OpenStream,
-    SessionExpired, SessionInfo, StreamInfo, TaskCancel, TaskCancelled, TaskChange, TaskFinish,
-    TaskInputAnswer, TaskInputRequest, TaskRef, TaskWritten, Terminated,
+    SessionExpired, SessionInfo, StreamInfo, TaskCancel, TaskCancelled, TaskChange, TaskDequeue,
+    TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer, TaskInputRequest,
+    TaskRef, TaskWritten, Terminated,
 };
 use crate::error::{Error, Result};
 use crate::shared::Shared;
@@ -83,6 +84,8 @@ pub(crate) enum TaskCommand {
     Cancel(TaskCancel),
     Finish(TaskFinish),
     Delete(TaskRef),
+    Enqueue(TaskEnqueue),
+    Dequeue(TaskDequeue),
     /// The leader's TTL pass: fail the task `id` if it still runs past its deadline, or
     /// delete its content if it ended a TTL ago.
     Expire(u64),
@@ -101,6 +104,8 @@ impl TaskCommand {
             Self::RequestInput(r) => pairs(&r.requests),
             Self::Answer(a) => pairs(&a.responses),
             Self::Finish(f) => f.outcome.json.len() as u64,
+            Self::Enqueue(q) => q.message.len() as u64,
+            Self::Dequeue(_) => 0,
             Self::Change(_)
             | Self::Cancel(_)
             | Self::Delete(_)
@@ -117,6 +122,8 @@ pub(crate) enum TaskReply {
     Written(TaskWritten),
     Answered(InputAnswered),
     Cancelled(TaskCancelled),
+    Enqueued(TaskEnqueued),
+    Dequeued(TaskDequeued),
     /// What an expiry pass did to one task (`false`: nothing was due).
     Expired(bool),
 }

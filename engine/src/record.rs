@@ -14,9 +14,10 @@ mod task;
 mod wire;
 
 pub(crate) use task::{
-    decode_slot, decode_task, encode_slot, encode_task, TaskCancelRequested, TaskCreated,
-    TaskDeleted, TaskEnded, TaskForgotten, TaskInputAnswered, TaskInputRequested, TaskSnapshot,
-    TaskUpdated,
+    decode_message, decode_queue_state, decode_slot, decode_task, encode_message,
+    encode_queue_state, encode_slot, encode_task, QueueSnapshot, TaskCancelRequested, TaskCreated,
+    TaskDeleted, TaskDequeued, TaskEnded, TaskForgotten, TaskInputAnswered, TaskInputRequested,
+    TaskQueued, TaskSnapshot, TaskUpdated,
 };
 
 pub(crate) use wire::wire_codec;
@@ -45,14 +46,15 @@ pub(crate) mod tag {
     pub const TASK_INPUT_ANSWERED: u8 = 19;
     pub const TASK_CANCEL_REQUESTED: u8 = 20;
     pub const TASK_ENDED: u8 = 21;
-    // 22 and 23 are reserved for the task message queues (TaskQueued, TaskDequeued).
+    pub const TASK_QUEUED: u8 = 22;
+    pub const TASK_DEQUEUED: u8 = 23;
     pub const TASK_DELETED: u8 = 24;
     pub const TASK_SNAPSHOT: u8 = 25;
     pub const TASK_FORGOTTEN: u8 = 26;
 
     /// Whether this build knows the record type.
     pub(crate) fn is_known(tag: u8) -> bool {
-        matches!(tag, SESSION_OPENED..=TASK_ENDED | TASK_DELETED..=TASK_FORGOTTEN)
+        (SESSION_OPENED..=TASK_FORGOTTEN).contains(&tag)
     }
 }
 
@@ -175,6 +177,10 @@ pub(crate) enum Record {
     TaskCancelRequested(TaskCancelRequested),
     /// A task ended, with its outcome.
     TaskEnded(TaskEnded),
+    /// A message was enqueued on a task's queue.
+    TaskQueued(TaskQueued),
+    /// Messages were dequeued from a task's queue.
+    TaskDequeued(TaskDequeued),
     /// A task's content was deleted; its tombstone stays.
     TaskDeleted(TaskDeleted),
     /// Carries a task's state forward before the segment that created it is retired.
@@ -266,6 +272,8 @@ impl Record {
             Self::TaskInputAnswered(_) => tag::TASK_INPUT_ANSWERED,
             Self::TaskCancelRequested(_) => tag::TASK_CANCEL_REQUESTED,
             Self::TaskEnded(_) => tag::TASK_ENDED,
+            Self::TaskQueued(_) => tag::TASK_QUEUED,
+            Self::TaskDequeued(_) => tag::TASK_DEQUEUED,
             Self::TaskDeleted(_) => tag::TASK_DELETED,
             Self::TaskSnapshot(_) => tag::TASK_SNAPSHOT,
             Self::TaskForgotten(_) => tag::TASK_FORGOTTEN,
@@ -346,6 +354,8 @@ impl Record {
             Self::TaskInputAnswered(b) => codec::encode_into(b, out),
             Self::TaskCancelRequested(b) => codec::encode_into(b, out),
             Self::TaskEnded(b) => codec::encode_into(b, out),
+            Self::TaskQueued(b) => codec::encode_into(b, out),
+            Self::TaskDequeued(b) => codec::encode_into(b, out),
             Self::TaskDeleted(b) => codec::encode_into(b, out),
             Self::TaskSnapshot(b) => codec::encode_into(b, out),
             Self::TaskForgotten(b) => codec::encode_into(b, out),
@@ -368,6 +378,8 @@ impl Record {
             Self::TaskInputAnswered(t) => Some(t.id),
             Self::TaskCancelRequested(t) => Some(t.id),
             Self::TaskEnded(t) => Some(t.id),
+            Self::TaskQueued(t) => Some(t.id),
+            Self::TaskDequeued(t) => Some(t.id),
             Self::TaskDeleted(t) => Some(t.id),
             Self::TaskSnapshot(t) => Some(t.meta.id),
             Self::TaskForgotten(t) => Some(t.id),
@@ -465,6 +477,8 @@ impl Record {
             tag::TASK_INPUT_ANSWERED => Self::TaskInputAnswered(codec::decode(body)?),
             tag::TASK_CANCEL_REQUESTED => Self::TaskCancelRequested(codec::decode(body)?),
             tag::TASK_ENDED => Self::TaskEnded(codec::decode(body)?),
+            tag::TASK_QUEUED => Self::TaskQueued(codec::decode(body)?),
+            tag::TASK_DEQUEUED => Self::TaskDequeued(codec::decode(body)?),
             tag::TASK_DELETED => Self::TaskDeleted(codec::decode(body)?),
             tag::TASK_SNAPSHOT => Self::TaskSnapshot(codec::decode(body)?),
             tag::TASK_FORGOTTEN => Self::TaskForgotten(codec::decode(body)?),

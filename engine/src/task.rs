@@ -305,6 +305,40 @@ pub struct InputSlot {
     pub state: SlotState,
 }
 
+/// The queue of a task's messages to its client (the 2025 `TaskMessageQueue`).
+pub const OUTBOUND: u8 = 0;
+/// The queue of the client's answers to the replica running the task.
+pub const INBOUND: u8 = 1;
+
+/// A message in one of a task's queues, FIFO by `qseq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedMessage {
+    /// Its place in its queue: 1, 2, ... in enqueue order.
+    pub qseq: u64,
+    /// When it was enqueued.
+    pub at_ms: u64,
+    /// The enqueuer's idempotency key: a retried enqueue with it is a no-op while the
+    /// message is queued.
+    pub dedupe_key: Option<String>,
+    /// The JSON-RPC id of a request it carries, if any.
+    pub correlation: Option<String>,
+    /// The message (JSON bytes).
+    pub message: Vec<u8>,
+}
+
+/// Where one of a task's queues stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct QueueState {
+    /// The last dequeued qseq (0 before the first dequeue).
+    pub head: u64,
+    /// The last enqueued qseq.
+    pub tail: u64,
+    /// Bytes of the messages queued.
+    pub bytes: u64,
+    /// The token of the last dequeue (its batch is kept for a retry with it).
+    pub last_token: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::followers::Bell;
 use crate::index::TaskRead;
 use crate::shared::Shared;
-use crate::task::{SlotState, TaskOutcome, TaskRemoval};
+use crate::task::{SlotState, TaskOutcome, TaskRemoval, INBOUND, OUTBOUND};
 use crate::verdict::past_horizon;
 
 fn unknown() -> TaskView {
@@ -21,6 +21,8 @@ fn unknown() -> TaskView {
         task: None,
         outcome: None,
         outstanding: Vec::new(),
+        outbound_queued: 0,
+        inbound_queued: 0,
     }
 }
 
@@ -48,6 +50,8 @@ pub(crate) fn view_of(shared: &Shared, id: u64, include_outcome: bool) -> Result
             task: Some(meta),
             outcome: None,
             outstanding: Vec::new(),
+            outbound_queued: 0,
+            inbound_queued: 0,
         });
     }
     let outcome = if include_outcome && meta.status.is_terminal() {
@@ -63,11 +67,17 @@ pub(crate) fn view_of(shared: &Shared, id: u64, include_outcome: bool) -> Result
         .into_iter()
         .filter(|s| s.state == SlotState::Outstanding)
         .collect();
+    let waiting = |channel| -> Result<u64> {
+        let q = index.queue_state(id, channel)?;
+        Ok(q.tail - q.head)
+    };
     Ok(TaskView {
         verdict: TaskVerdict::Found,
         task: Some(meta),
         outcome,
         outstanding,
+        outbound_queued: waiting(OUTBOUND)?,
+        inbound_queued: waiting(INBOUND)?,
     })
 }
 
@@ -79,8 +89,9 @@ pub(crate) fn view(shared: &Shared, task: &TaskRef, include_outcome: bool) -> Re
     }
 }
 
-/// A live watch of one task: yields the task each time it changed, until it has delivered
-/// its end (a terminal status, or its deletion). While it lives it costs a bell; dropping
+/// A live watch of one task: yields the task each time it changed (its version moved, or a
+/// message was enqueued), until it has delivered its end (a terminal status with nothing
+/// left queued, or its deletion). While it lives it costs a bell; dropping
 /// it frees the bell.
 #[derive(Debug)]
 pub struct TaskWatch {
@@ -88,6 +99,8 @@ pub struct TaskWatch {
     id: u64,
     /// The version last delivered (0: none).
     after_version: u64,
+    /// The queue tails last delivered: an enqueue changes no version but is news.
+    tails: (u64, u64),
     done: bool,
     bell: Option<Arc<Bell>>,
     /// The bell's count when the last poll started.
@@ -108,6 +121,7 @@ impl TaskWatch {
             shared,
             id,
             after_version,
+            tails: (0, 0),
             done: false,
             bell: Some(bell),
             seen: 0,
@@ -137,13 +151,21 @@ impl TaskWatch {
             return Ok(Some(view));
         };
         let ended = task.status.is_terminal() || task.is_deleted();
-        if task.version <= self.after_version && !task.is_deleted() {
+        let tails = (
+            self.shared.index.queue_state(self.id, OUTBOUND)?.tail,
+            self.shared.index.queue_state(self.id, INBOUND)?.tail,
+        );
+        let queued = view.outbound_queued + view.inbound_queued > 0;
+        if task.version <= self.after_version && !task.is_deleted() && tails == self.tails {
             // Nothing new; a watch started after the end it already saw is over.
-            self.done = ended;
+            self.done = ended && !queued;
             return Ok(None);
         }
+        self.tails = tails;
         self.after_version = task.version;
-        self.done = ended;
+        // An ended task with messages still queued (its result's notifications) is watched
+        // until they are taken.
+        self.done = ended && !queued;
         Ok(Some(view))
     }
 

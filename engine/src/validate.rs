@@ -131,6 +131,10 @@ pub(crate) enum Rejection {
         at_ms: u64,
         deadline: Option<u64>,
     },
+    /// A queue record that does not follow the queue's state (qseq not next, full, a
+    /// dequeue past the tail, an unknown channel, a dedupe key in use).
+    #[error("task {id}: queue {channel}: {why}")]
+    TaskQueue { id: u64, channel: u8, why: String },
     /// A task forgotten before its content was deleted.
     #[error("task {0} is forgotten before it was deleted")]
     TaskNotDeleted(u64),
@@ -291,6 +295,8 @@ pub(crate) fn validate(
         Record::TaskInputAnswered(a) => task::input_answered(txn, a)?,
         Record::TaskCancelRequested(c) => task::cancel_requested(txn, c)?,
         Record::TaskEnded(e) => task::ended(txn, e)?,
+        Record::TaskQueued(q) => task::queued(txn, q)?,
+        Record::TaskDequeued(d) => task::dequeued(txn, d)?,
         Record::TaskDeleted(d) => task::deleted(txn, d)?,
         Record::TaskSnapshot(s) => task::snapshot(txn, s)?,
         Record::TaskForgotten(f) => task::forgotten(txn, f.id)?,

@@ -168,3 +168,51 @@ async fn a_waiting_watch_ends_with_closed_when_the_engine_closes() {
         .unwrap();
     assert!(matches!(ended, Err(Error::Closed)), "{ended:?}");
 }
+
+#[tokio::test]
+async fn an_enqueue_wakes_a_watch_and_an_ended_task_is_watched_until_drained() {
+    use cursorlog_engine::{TaskDequeue, TaskEnqueue, OUTBOUND};
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path());
+    let t = create(&e, "t");
+    let mut watch = e.watch_task(&t, 1).unwrap();
+    assert_eq!(watch.poll().unwrap(), None, "nothing new yet");
+    let (e2, t2) = (e.clone(), t.clone());
+    elsewhere(move || {
+        e2.enqueue_task_message(TaskEnqueue {
+            task: t2,
+            channel: OUTBOUND,
+            message: b"{\"method\":\"elicitation/create\"}".to_vec(),
+            max_len: 0,
+            dedupe_key: None,
+            correlation: Some("7".into()),
+        })
+        .unwrap()
+    })
+    .await;
+    let queued = watch.next().await.unwrap().unwrap();
+    assert_eq!(queued.outbound_queued, 1);
+    e.finish_task(TaskFinish {
+        task: t.clone(),
+        expected_version: None,
+        status: TaskStatus::Completed,
+        status_message: None,
+        outcome: TaskOutcome::none(),
+    })
+    .unwrap();
+    let ended = watch.next().await.unwrap().unwrap();
+    assert_eq!(ended.task.unwrap().status, TaskStatus::Completed);
+    assert!(!watch.is_done(), "a message is still queued");
+    e.dequeue_task_messages(TaskDequeue {
+        task: t,
+        channel: OUTBOUND,
+        max_messages: 0,
+        token: "tok".into(),
+    })
+    .unwrap();
+    assert_eq!(
+        watch.next().await.unwrap(),
+        None,
+        "drained: the watch is over"
+    );
+}

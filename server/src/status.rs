@@ -13,7 +13,7 @@ use tonic::{Code, Status};
 /// | engine error | code |
 /// |---|---|
 /// | `InvalidArgument` | `INVALID_ARGUMENT` |
-/// | `TooLarge`, `DiskFull`, `AtCapacity` | `RESOURCE_EXHAUSTED` |
+/// | `TooLarge`, `DiskFull`, `AtCapacity`, `TaskQueueFull` | `RESOURCE_EXHAUSTED` |
 /// | `UnknownSession`, `UnknownStream`, `UnknownTask` | `NOT_FOUND` |
 /// | `TaskExists` | `ALREADY_EXISTS` |
 /// | `StreamTerminated`, `StaleEpoch`, `SessionExpired`, `TaskTerminated`, `UnsupportedFormat` | `FAILED_PRECONDITION` |
@@ -75,6 +75,7 @@ fn code_and_message(err: &Error) -> (Code, String) {
             format!("task is {status}: task {task_id:?} ended and never changes again"),
         ),
         Error::TaskConflict { .. } => (Code::Aborted, err.to_string()),
+        Error::TaskQueueFull { .. } => (Code::ResourceExhausted, err.to_string()),
         Error::Evicted { .. } => (Code::OutOfRange, err.to_string()),
         Error::Corruption { offset, kind, .. } => (
             Code::DataLoss,

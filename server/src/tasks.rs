@@ -218,4 +218,33 @@ impl Tasks for TasksService {
         run_blocking(&self.engine, move |e| e.keep_task_alive(&task)).await?;
         Ok(Response::new(pb::KeepAliveTaskResponse {}))
     }
+
+    async fn enqueue_task_message(
+        &self,
+        request: Request<pb::EnqueueTaskMessageRequest>,
+    ) -> Result<Response<pb::EnqueueTaskMessageResponse>, Status> {
+        let req = convert::enqueue(request.into_inner())?;
+        let q = self
+            .engine
+            .enqueue_task_message_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(pb::EnqueueTaskMessageResponse {
+            qseq: q.qseq,
+            duplicate: q.duplicate,
+        }))
+    }
+
+    async fn dequeue_task_messages(
+        &self,
+        request: Request<pb::DequeueTaskMessagesRequest>,
+    ) -> Result<Response<pb::DequeueTaskMessagesResponse>, Status> {
+        let req = convert::dequeue(request.into_inner())?;
+        let d = self
+            .engine
+            .dequeue_task_messages_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(convert::dequeued(d)))
+    }
 }

@@ -160,3 +160,71 @@ async fn a_task_whose_worker_stops_renewing_is_failed_by_the_server() {
     });
     assert_eq!(no_watch.await.unwrap_err().code(), Code::NotFound);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_is_fifo_bounded_and_safe_to_retry_over_grpc() {
+    let server = Server::start(&[]);
+    let mut a = client(&server).await;
+    let mut b = client(&server).await;
+    a.create_task(create("t1", None)).await.unwrap();
+    let enqueue = |text: &str| pb::EnqueueTaskMessageRequest {
+        owner: "s:a".into(),
+        task_id: "t1".into(),
+        channel: 0,
+        message: text.as_bytes().to_vec(),
+        max_len: 2,
+        dedupe_key: Some(format!("d-{text}")),
+        correlation: None,
+    };
+    assert_eq!(
+        a.enqueue_task_message(enqueue("one"))
+            .await
+            .unwrap()
+            .into_inner()
+            .qseq,
+        1
+    );
+    let retried = a
+        .enqueue_task_message(enqueue("one"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(retried.duplicate);
+    a.enqueue_task_message(enqueue("two")).await.unwrap();
+    let full = a.enqueue_task_message(enqueue("three")).await.unwrap_err();
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    let dequeue = |token: &str| pb::DequeueTaskMessagesRequest {
+        owner: "s:a".into(),
+        task_id: "t1".into(),
+        channel: 0,
+        max_messages: 0,
+        token: token.into(),
+    };
+    // Another connection (another replica) takes them, in order, once.
+    let taken = b
+        .dequeue_task_messages(dequeue("tok"))
+        .await
+        .unwrap()
+        .into_inner();
+    let texts: Vec<_> = taken.messages.iter().map(|m| m.message.clone()).collect();
+    assert_eq!(texts, [b"one".to_vec(), b"two".to_vec()]);
+    let again = b
+        .dequeue_task_messages(dequeue("tok"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.duplicate);
+    assert_eq!(again.messages, taken.messages);
+    let empty = b
+        .dequeue_task_messages(dequeue("tok2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(empty.messages.is_empty());
+    let mut bad = enqueue("x");
+    bad.channel = 5;
+    assert_eq!(
+        a.enqueue_task_message(bad).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+}

@@ -86,7 +86,7 @@ pub struct TaskFinish {
     pub status: TaskStatus,
     /// A last status message (`None` keeps the last one).
     pub status_message: Option<String>,
-    /// The result or error (at most `payload_bytes_max` bytes).
+    /// The result or error (at most `tasks.outcome_bytes_max` bytes).
     pub outcome: TaskOutcome,
 }
 
@@ -186,6 +186,10 @@ pub struct TaskView {
     pub outcome: Option<TaskOutcome>,
     /// Its input requests still waiting for an answer.
     pub outstanding: Vec<InputSlot>,
+    /// Messages waiting in its outbound queue (to the client).
+    pub outbound_queued: u64,
+    /// Messages waiting in its inbound queue (the client's answers).
+    pub inbound_queued: u64,
 }
 
 /// One page of an owner's tasks, in creation order.
@@ -195,4 +199,54 @@ pub struct TaskPage {
     pub tasks: Vec<TaskMeta>,
     /// Where the next page starts (`None`: this is the last).
     pub next: Option<u64>,
+}
+
+/// Enqueues a message on one of a task's queues (the 2025 `TaskMessageQueue.enqueue`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskEnqueue {
+    /// The task.
+    pub task: TaskRef,
+    /// [`crate::OUTBOUND`] (to the client) or [`crate::INBOUND`] (the client's answers).
+    pub channel: u8,
+    /// The message (JSON bytes).
+    pub message: Vec<u8>,
+    /// The enqueuer's bound on the queue's length (the SDK's `maxSize`; 0: the server's
+    /// `tasks.queue_len_max`).
+    pub max_len: u32,
+    /// An idempotency key: a retry with it is a no-op while the message is queued.
+    pub dedupe_key: Option<String>,
+    /// The JSON-RPC id of a request the message carries.
+    pub correlation: Option<String>,
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskEnqueued {
+    /// The message's place in its queue.
+    pub qseq: u64,
+    /// The dedupe key had queued it before: nothing was written.
+    pub duplicate: bool,
+}
+
+/// Dequeues messages from one of a task's queues, FIFO, without waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskDequeue {
+    /// The task.
+    pub task: TaskRef,
+    /// Which queue.
+    pub channel: u8,
+    /// Most messages to take (0: all).
+    pub max_messages: u32,
+    /// The caller's token for this dequeue: a retry with the same token (after an unknown
+    /// outcome) gets the same messages again, so none is lost or delivered twice.
+    pub token: String,
+}
+
+/// What a dequeue took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskDequeued {
+    /// The messages, in FIFO order (empty: the queue was empty; nothing was written).
+    pub messages: Vec<crate::task::QueuedMessage>,
+    /// A retry of the last dequeue: these are its messages again.
+    pub duplicate: bool,
 }

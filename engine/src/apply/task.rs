@@ -9,10 +9,10 @@ use crate::index::{
     task_outcome_key, task_request_key, task_slot_key, Counts, StoredTask, TaskRead, Txn,
 };
 use crate::record::{
-    TaskCreated, TaskDeleted, TaskEnded, TaskInputAnswered, TaskInputRequested, TaskSnapshot,
-    TaskUpdated,
+    QueueSnapshot, TaskCreated, TaskDeleted, TaskDequeued, TaskEnded, TaskInputAnswered,
+    TaskInputRequested, TaskQueued, TaskSnapshot, TaskUpdated,
 };
-use crate::task::{InputSlot, OutcomeKind, SlotState, TaskMeta, TaskStatus};
+use crate::task::{InputSlot, OutcomeKind, QueuedMessage, SlotState, TaskMeta, TaskStatus};
 
 /// The task `id` as the index holds it, unless it is unknown or deleted.
 fn live(txn: &Txn<'_>, id: u64) -> Result<Option<StoredTask>> {
@@ -72,7 +72,52 @@ pub(super) fn created(txn: &mut Txn<'_>, lsn: u64, c: &TaskCreated) -> Result<()
         outcome_kind: OutcomeKind::None,
         context: c.context.clone(),
     };
-    put_whole(txn, meta, Vec::new(), Vec::new(), lsn)
+    put_whole(txn, meta, Vec::new(), Vec::new(), Vec::new(), lsn)
+}
+
+pub(super) fn queued(txn: &mut Txn<'_>, q: &TaskQueued) -> Result<()> {
+    if live(txn, q.id)?.is_none() {
+        return Ok(());
+    }
+    let mut state = txn.queue_state(q.id, q.channel)?;
+    if q.qseq <= state.tail {
+        return Ok(());
+    }
+    state.tail = q.qseq;
+    state.bytes += q.message.len() as u64;
+    txn.put_queued_message(
+        q.id,
+        q.channel,
+        &QueuedMessage {
+            qseq: q.qseq,
+            at_ms: q.at_ms,
+            dedupe_key: q.dedupe_key.clone(),
+            correlation: q.correlation.clone(),
+            message: q.message.clone(),
+        },
+    );
+    txn.put_queue_state(q.id, q.channel, &state);
+    Ok(())
+}
+
+pub(super) fn dequeued(txn: &mut Txn<'_>, d: &TaskDequeued) -> Result<()> {
+    if live(txn, d.id)?.is_none() {
+        return Ok(());
+    }
+    let mut state = txn.queue_state(d.id, d.channel)?;
+    let mut batch = Vec::new();
+    for qseq in state.head + 1..=d.through_qseq.min(state.tail) {
+        if let Some(m) = txn.queued_message(d.id, d.channel, qseq)? {
+            txn.remove_queued_message(d.id, d.channel, &m);
+            state.bytes = state.bytes.saturating_sub(m.message.len() as u64);
+            batch.push(m);
+        }
+    }
+    state.head = state.head.max(d.through_qseq.min(state.tail));
+    state.last_token = Some(d.token.clone());
+    txn.put_last_batch(d.id, d.channel, batch);
+    txn.put_queue_state(d.id, d.channel, &state);
+    Ok(())
 }
 
 pub(super) fn updated(txn: &mut Txn<'_>, u: &TaskUpdated) -> Result<()> {
@@ -206,8 +251,8 @@ pub(super) fn deleted(txn: &mut Txn<'_>, d: &TaskDeleted) -> Result<()> {
     Ok(())
 }
 
-/// Removes what a deleted task no longer has: its outcome, inputs, request key, listing
-/// entry and TTL key. Its record (the tombstone) and its task id stay. `meta` is the task
+/// Removes what a deleted task no longer has: its outcome, inputs, queues, request key,
+/// listing entry and TTL key. Its record (the tombstone) and its task id stay. `meta` is the task
 /// as it was before deletion.
 fn drop_content(txn: &mut Txn<'_>, meta: &TaskMeta) -> Result<()> {
     txn.remove_raw(task_outcome_key(meta.id).to_vec());
@@ -219,11 +264,18 @@ fn drop_content(txn: &mut Txn<'_>, meta: &TaskMeta) -> Result<()> {
     if let Some(d) = meta.deadline_ms() {
         txn.remove_raw(task_deadline_key(d, meta.id).to_vec());
     }
-    Ok(())
+    txn.remove_queues(meta.id)
 }
 
 pub(super) fn snapshot(txn: &mut Txn<'_>, lsn: u64, s: &TaskSnapshot) -> Result<()> {
-    put_whole(txn, s.meta.clone(), s.outcome.clone(), s.slots.clone(), lsn)
+    put_whole(
+        txn,
+        s.meta.clone(),
+        s.outcome.clone(),
+        s.slots.clone(),
+        s.queues.clone(),
+        lsn,
+    )
 }
 
 /// Replaces every key of task `meta.id` with the state given (a creation or a snapshot).
@@ -232,6 +284,7 @@ fn put_whole(
     meta: TaskMeta,
     outcome: Vec<u8>,
     slots: Vec<InputSlot>,
+    queues: Vec<QueueSnapshot>,
     lsn: u64,
 ) -> Result<()> {
     let id = meta.id;
@@ -274,6 +327,13 @@ fn put_whole(
         }
         for slot in &slots {
             txn.put_task_slot(id, slot);
+        }
+        for q in queues {
+            for m in &q.messages {
+                txn.put_queued_message(id, q.channel, m);
+            }
+            txn.put_last_batch(id, q.channel, q.last_batch);
+            txn.put_queue_state(id, q.channel, &q.state);
         }
     }
     txn.put_task(&StoredTask {

@@ -4,8 +4,9 @@
 //! a cluster: once applied after commit). Reads answer from the index, with a verdict.
 
 use crate::api::{
-    CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange, TaskFinish,
-    TaskInputAnswer, TaskInputRequest, TaskPage, TaskRef, TaskView, TaskWritten,
+    CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange, TaskDequeue,
+    TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer, TaskInputRequest,
+    TaskPage, TaskRef, TaskView, TaskWritten,
 };
 use crate::error::{Error, Result};
 use crate::index::{owner_task_key, owner_tasks_prefix, TaskRead};
@@ -158,6 +159,93 @@ impl Engine {
     pub async fn delete_task_async(&self, task: TaskRef) -> Result<TaskWritten> {
         self.check_task_ref(&task)?;
         written(self.task_write_async(TaskCommand::Delete(task)).await?)
+    }
+
+    /// Enqueues a message on one of a task's queues, FIFO (a retry with the same dedupe key
+    /// is a no-op while the message is queued).
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`]; [`Error::TaskQueueFull`] at the enqueuer's `max_len` or the
+    /// server's bounds; invalid fields.
+    pub fn enqueue_task_message(&self, req: TaskEnqueue) -> Result<TaskEnqueued> {
+        self.check_enqueue(&req)?;
+        match self.task_write(TaskCommand::Enqueue(req))? {
+            TaskReply::Enqueued(q) => Ok(q),
+            other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+        }
+    }
+
+    /// [`Engine::enqueue_task_message`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::enqueue_task_message`].
+    pub async fn enqueue_task_message_async(&self, req: TaskEnqueue) -> Result<TaskEnqueued> {
+        self.check_enqueue(&req)?;
+        match self.task_write_async(TaskCommand::Enqueue(req)).await? {
+            TaskReply::Enqueued(q) => Ok(q),
+            other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+        }
+    }
+
+    /// Takes the oldest messages of one of a task's queues without waiting (none: an empty
+    /// answer, nothing written). A retry with the same token gets the same batch again.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`]; invalid fields.
+    pub fn dequeue_task_messages(&self, req: TaskDequeue) -> Result<TaskDequeued> {
+        self.check_dequeue(&req)?;
+        match self.task_write(TaskCommand::Dequeue(req))? {
+            TaskReply::Dequeued(d) => Ok(d),
+            other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+        }
+    }
+
+    /// [`Engine::dequeue_task_messages`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::dequeue_task_messages`].
+    pub async fn dequeue_task_messages_async(&self, req: TaskDequeue) -> Result<TaskDequeued> {
+        self.check_dequeue(&req)?;
+        match self.task_write_async(TaskCommand::Dequeue(req)).await? {
+            TaskReply::Dequeued(d) => Ok(d),
+            other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+        }
+    }
+
+    fn check_channel(channel: u8) -> Result<()> {
+        if channel > crate::task::INBOUND {
+            return Err(Error::invalid(
+                "channel",
+                format!("is {channel}; 0 is the outbound queue, 1 the inbound one"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_enqueue(&self, req: &TaskEnqueue) -> Result<()> {
+        self.check_task_ref(&req.task)?;
+        Self::check_channel(req.channel)?;
+        if let Some(d) = &req.dedupe_key {
+            self.check_id("dedupe_key", d)?;
+        }
+        if let Some(c) = &req.correlation {
+            self.check_id("correlation", c)?;
+        }
+        let limit = self.config().tasks.queue_bytes_max;
+        if req.message.len() as u64 > u64::from(limit) {
+            return Err(Error::TooLarge {
+                what: "task queue message (bytes)",
+                got: req.message.len() as u64,
+                limit: u64::from(limit),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_dequeue(&self, req: &TaskDequeue) -> Result<()> {
+        self.check_task_ref(&req.task)?;
+        Self::check_channel(req.channel)?;
+        self.check_id("token", &req.token)
     }
 
     /// Renews the worker lease of a running task (its worker's heartbeat): without one
@@ -393,7 +481,7 @@ impl Engine {
                 "a result or error needs its JSON, and no outcome has none",
             ));
         }
-        let limit = self.config().payload_bytes_max;
+        let limit = self.config().tasks.outcome_bytes_max;
         if req.outcome.json.len() as u64 > u64::from(limit) {
             return Err(Error::TooLarge {
                 what: "task outcome (bytes)",

@@ -20,6 +20,10 @@ pub(crate) mod prefix {
     pub const TASK_DEADLINE: u8 = b'D';
     pub const TASK_OUTCOME: u8 = b'Z';
     pub const TASK_SLOT: u8 = b'X';
+    pub const TASK_MESSAGE: u8 = b'J';
+    pub const TASK_QUEUE: u8 = b'Q';
+    pub const TASK_BATCH: u8 = b'B';
+    pub const TASK_DEDUPE: u8 = b'U';
 }
 
 pub(crate) fn session_key(id: &str) -> Vec<u8> {

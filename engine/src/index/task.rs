@@ -6,8 +6,11 @@ use super::keys::{prefix, session_scoped, ORIGIN_TASK};
 use super::stored::{decode_value, encode_value};
 use super::{KvRead, Txn};
 use crate::error::Result;
-use crate::record::{decode_slot, decode_task, encode_slot, encode_task, wire_codec};
-use crate::task::{InputSlot, TaskMeta};
+use crate::record::{
+    decode_message, decode_queue_state, decode_slot, decode_task, encode_message,
+    encode_queue_state, encode_slot, encode_task, wire_codec, QueueSnapshot,
+};
+use crate::task::{InputSlot, QueueState, QueuedMessage, TaskMeta, INBOUND, OUTBOUND};
 
 /// A task with the LSN of the record its state was last carried from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +123,79 @@ pub(crate) fn task_slot_key(id: u64, key: &str) -> Vec<u8> {
     k
 }
 
+/// `J` id, channel: a queue's messages.
+pub(crate) fn queue_messages_prefix(id: u64, channel: u8) -> [u8; 10] {
+    let mut k = [prefix::TASK_MESSAGE; 10];
+    k[1..9].copy_from_slice(&id.to_be_bytes());
+    k[9] = channel;
+    k
+}
+
+/// `J` id, channel, qseq: one queued message.
+pub(crate) fn queue_message_key(id: u64, channel: u8, qseq: u64) -> [u8; 18] {
+    let mut k = [0; 18];
+    k[..10].copy_from_slice(&queue_messages_prefix(id, channel));
+    k[10..].copy_from_slice(&qseq.to_be_bytes());
+    k
+}
+
+fn id_channel_key(prefix: u8, id: u64, channel: u8) -> [u8; 10] {
+    let mut k = [prefix; 10];
+    k[1..9].copy_from_slice(&id.to_be_bytes());
+    k[9] = channel;
+    k
+}
+
+/// `Q` id, channel: where a queue stands.
+pub(crate) fn queue_state_key(id: u64, channel: u8) -> [u8; 10] {
+    id_channel_key(prefix::TASK_QUEUE, id, channel)
+}
+
+/// `B` id, channel: the last dequeued batch (a retry of that dequeue gets it again).
+pub(crate) fn queue_batch_key(id: u64, channel: u8) -> [u8; 10] {
+    id_channel_key(prefix::TASK_BATCH, id, channel)
+}
+
+/// `U` id, channel, dedupe key: the qseq of the queued message enqueued with it.
+pub(crate) fn queue_dedupe_key(id: u64, channel: u8, dedupe: &str) -> Vec<u8> {
+    let mut k = id_channel_key(prefix::TASK_DEDUPE, id, channel).to_vec();
+    k.extend_from_slice(dedupe.as_bytes());
+    k
+}
+
+/// A queued message as an index value.
+struct StoredMessage(QueuedMessage);
+
+wire_codec!(StoredMessage, |m, e| encode_message(&m.0, e), |d| Ok(
+    StoredMessage(decode_message(d)?)
+));
+
+/// A queue's state as an index value.
+struct StoredQueue(QueueState);
+
+wire_codec!(StoredQueue, |q, e| encode_queue_state(&q.0, e), |d| Ok(
+    StoredQueue(decode_queue_state(d)?)
+));
+
+/// A batch of messages as an index value: a count, then each.
+struct StoredBatch(Vec<QueuedMessage>);
+
+wire_codec!(
+    StoredBatch,
+    |b, e| {
+        bincode::Encode::encode(&(b.0.len() as u64), e)?;
+        b.0.iter().try_for_each(|m| encode_message(m, e))
+    },
+    |d| {
+        let n: u64 = bincode::Decode::decode(d)?;
+        let mut batch = Vec::new();
+        for _ in 0..n {
+            batch.push(decode_message(d)?);
+        }
+        Ok(StoredBatch(batch))
+    }
+);
+
 /// The origin/ended marker id of a task.
 pub(crate) fn task_marker(id: u64) -> (u8, [u8; 8]) {
     (ORIGIN_TASK, id.to_be_bytes())
@@ -168,6 +244,70 @@ pub(crate) trait TaskRead: KvRead {
             .map(|s| s.0))
     }
 
+    /// Where one of the task's queues stands (all zero before its first message).
+    fn queue_state(&self, id: u64, channel: u8) -> Result<QueueState> {
+        let k = queue_state_key(id, channel);
+        Ok(self
+            .raw_get(&k)?
+            .map(|v| decode_value::<StoredQueue>(&k, &v))
+            .transpose()?
+            .map(|q| q.0)
+            .unwrap_or_default())
+    }
+
+    /// The messages queued, in FIFO order.
+    fn queued_messages(&self, id: u64, channel: u8) -> Result<Vec<QueuedMessage>> {
+        self.raw_scan(&queue_messages_prefix(id, channel))?
+            .into_iter()
+            .map(|(k, v)| decode_value::<StoredMessage>(&k, &v).map(|m| m.0))
+            .collect()
+    }
+
+    /// One queued message.
+    fn queued_message(&self, id: u64, channel: u8, qseq: u64) -> Result<Option<QueuedMessage>> {
+        let k = queue_message_key(id, channel, qseq);
+        Ok(self
+            .raw_get(&k)?
+            .map(|v| decode_value::<StoredMessage>(&k, &v))
+            .transpose()?
+            .map(|m| m.0))
+    }
+
+    /// The last dequeued batch.
+    fn last_batch(&self, id: u64, channel: u8) -> Result<Vec<QueuedMessage>> {
+        let k = queue_batch_key(id, channel);
+        Ok(self
+            .raw_get(&k)?
+            .map(|v| decode_value::<StoredBatch>(&k, &v))
+            .transpose()?
+            .map(|b| b.0)
+            .unwrap_or_default())
+    }
+
+    /// The qseq of the queued message enqueued with `dedupe`, if it is still queued.
+    fn deduped(&self, id: u64, channel: u8, dedupe: &str) -> Result<Option<u64>> {
+        Ok(id_value(
+            self.raw_get(&queue_dedupe_key(id, channel, dedupe))?,
+        ))
+    }
+
+    /// Both queues of a task as a snapshot restates them (a queue never used is left out).
+    fn task_queues(&self, id: u64) -> Result<Vec<QueueSnapshot>> {
+        let mut queues = Vec::new();
+        for channel in [OUTBOUND, INBOUND] {
+            let state = self.queue_state(id, channel)?;
+            if state != QueueState::default() {
+                queues.push(QueueSnapshot {
+                    channel,
+                    state,
+                    messages: self.queued_messages(id, channel)?,
+                    last_batch: self.last_batch(id, channel)?,
+                });
+            }
+        }
+        Ok(queues)
+    }
+
     /// Every input slot of a task, by key.
     fn task_slots(&self, id: u64) -> Result<Vec<InputSlot>> {
         self.raw_scan(&task_slots_prefix(id))?
@@ -189,6 +329,57 @@ impl Txn<'_> {
             task_slot_key(id, &slot.key),
             encode_value(&TaskSlotValue(slot)),
         );
+    }
+
+    pub(crate) fn put_queue_state(&mut self, id: u64, channel: u8, q: &QueueState) {
+        self.put_raw(
+            queue_state_key(id, channel).to_vec(),
+            encode_value(&StoredQueue(q.clone())),
+        );
+    }
+
+    /// Queues `m` (and its dedupe key).
+    pub(crate) fn put_queued_message(&mut self, id: u64, channel: u8, m: &QueuedMessage) {
+        if let Some(d) = &m.dedupe_key {
+            self.put_raw(
+                queue_dedupe_key(id, channel, d),
+                m.qseq.to_le_bytes().to_vec(),
+            );
+        }
+        self.put_raw(
+            queue_message_key(id, channel, m.qseq).to_vec(),
+            encode_value(&StoredMessage(m.clone())),
+        );
+    }
+
+    /// Removes a queued message (and its dedupe key).
+    pub(crate) fn remove_queued_message(&mut self, id: u64, channel: u8, m: &QueuedMessage) {
+        if let Some(d) = &m.dedupe_key {
+            self.remove_raw(queue_dedupe_key(id, channel, d));
+        }
+        self.remove_raw(queue_message_key(id, channel, m.qseq).to_vec());
+    }
+
+    /// Keeps the last dequeued batch (none: no key, as before the first dequeue).
+    pub(crate) fn put_last_batch(&mut self, id: u64, channel: u8, batch: Vec<QueuedMessage>) {
+        let k = queue_batch_key(id, channel).to_vec();
+        if batch.is_empty() {
+            self.remove_raw(k);
+        } else {
+            self.put_raw(k, encode_value(&StoredBatch(batch)));
+        }
+    }
+
+    /// Removes both queues of a task, whole.
+    pub(crate) fn remove_queues(&mut self, id: u64) -> Result<()> {
+        for channel in [OUTBOUND, INBOUND] {
+            for m in self.queued_messages(id, channel)? {
+                self.remove_queued_message(id, channel, &m);
+            }
+            self.remove_raw(queue_state_key(id, channel).to_vec());
+            self.remove_raw(queue_batch_key(id, channel).to_vec());
+        }
+        Ok(())
     }
 
     /// Moves `owner`'s count of tasks that are not deleted by `delta`.

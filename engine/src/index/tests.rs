@@ -269,6 +269,41 @@ fn index_keys_and_values_golden_bytes() {
         response: Some(b"a".to_vec()),
         state: crate::task::SlotState::Answered,
     };
+    let message = crate::task::QueuedMessage {
+        qseq: 3,
+        at_ms: 12,
+        dedupe_key: Some("d".into()),
+        correlation: None,
+        message: b"{}".to_vec(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let index = Index::open(dir.path(), 8 << 20).unwrap();
+    let mut txn = Txn::new(&index);
+    txn.put_queued_message(8, 0, &message);
+    txn.put_queue_state(
+        8,
+        0,
+        &crate::task::QueueState {
+            head: 2,
+            tail: 3,
+            bytes: 2,
+            last_token: Some("t".into()),
+        },
+    );
+    txn.put_last_batch(8, 0, vec![message.clone()]);
+    let queue_values: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = [
+        queue_message_key(8, 0, 3).to_vec(),
+        queue_state_key(8, 0).to_vec(),
+        queue_batch_key(8, 0).to_vec(),
+        queue_dedupe_key(8, 0, "d"),
+    ]
+    .into_iter()
+    .map(|k| {
+        let v = txn.raw_get(&k).expect("read").expect("written");
+        (k, v)
+    })
+    .collect();
+    let queue_value = |k: &[u8]| hex(&queue_values[k]);
     let mut slot_value = Vec::new();
     crate::codec::encode_into(&TaskSlotValue(&slot), &mut slot_value).expect("encodes");
     let frame = crate::record::EventBody {
@@ -319,6 +354,26 @@ fn index_keys_and_values_golden_bytes() {
             hex(&origin_key(8, ORIGIN_TASK, &8u64.to_be_bytes())),
             String::new(),
         ),
+        (
+            "J",
+            hex(&queue_message_key(8, 0, 3)),
+            queue_value(&queue_message_key(8, 0, 3)),
+        ),
+        (
+            "Q",
+            hex(&queue_state_key(8, 0)),
+            queue_value(&queue_state_key(8, 0)),
+        ),
+        (
+            "B",
+            hex(&queue_batch_key(8, 0)),
+            queue_value(&queue_batch_key(8, 0)),
+        ),
+        (
+            "U",
+            hex(&queue_dedupe_key(8, 0, "d")),
+            queue_value(&queue_dedupe_key(8, 0, "d")),
+        ),
         ("M", hex(COUNTS), hex(&counts.encode())),
         ("M", hex(APPLIED_LSN), hex(&42u64.to_le_bytes())),
         (
@@ -358,6 +413,10 @@ const GOLDEN_INDEX: &[(&str, &str, &str)] = &[
     ("Z", "5a0000000000000008", "7b7d"),
     ("X", "5800000000000000086b", "01000000000000006b0100000000000000710101000000000000006101"),
     ("R", "5200000000000000084b0000000000000008", ""),
+    ("J", "4a0000000000000008000000000000000003", "03000000000000000c00000000000000010100000000000000640002000000000000007b7d"),
+    ("Q", "51000000000000000800", "02000000000000000300000000000000020000000000000001010000000000000074"),
+    ("B", "42000000000000000800", "010000000000000003000000000000000c00000000000000010100000000000000640002000000000000007b7d"),
+    ("U", "5500000000000000080064", "0300000000000000"),
     ("M", "4d636f756e7473", "030000000000000002000000000000000500000000000000010000000000000004000000000000000300000000000000"),
     ("M", "4d6170706c6965645f6c736e", "2a00000000000000"),
     ("M", "4d696e6465785f76657273696f6e", "04000000"),

@@ -1,5 +1,4 @@
-//! The bodies of the task records (tags 16–21 and 24–26; 22 and 23 are reserved for the
-//! task message queues) and the private encoding of [`TaskMeta`] and [`InputSlot`], field by
+//! The bodies of the task records (tags 16–26) and the private encoding of [`TaskMeta`] and [`InputSlot`], field by
 //! field in the order FORMAT.md "Record bodies" gives. Enums are written as one `u8` code; a
 //! code this build does not know does not decode.
 
@@ -10,7 +9,8 @@ use bincode::{Decode, Encode};
 
 use super::wire::wire_codec;
 use crate::task::{
-    EndCause, InputSlot, OutcomeKind, SlotState, TaskMeta, TaskOutcome, TaskRemoval, TaskStatus,
+    EndCause, InputSlot, OutcomeKind, QueueState, QueuedMessage, SlotState, TaskMeta, TaskOutcome,
+    TaskRemoval, TaskStatus,
 };
 
 /// Reads a `u8` code and maps it with `from_code`, naming `what` when it is not one.
@@ -135,6 +135,117 @@ pub(crate) fn decode_slot<D: Decoder>(d: &mut D) -> Result<InputSlot, DecodeErro
         response: Option::<Vec<u8>>::decode(d)?,
         state: decode_code(d, "input slot state", SlotState::from_code)?,
     })
+}
+
+/// [`QueuedMessage`] on disk: qseq, at_ms, dedupe_key, correlation, message.
+pub(crate) fn encode_message<E: Encoder>(m: &QueuedMessage, e: &mut E) -> Result<(), EncodeError> {
+    m.qseq.encode(e)?;
+    m.at_ms.encode(e)?;
+    m.dedupe_key.encode(e)?;
+    m.correlation.encode(e)?;
+    m.message.encode(e)
+}
+
+/// Reads what [`encode_message`] wrote.
+pub(crate) fn decode_message<D: Decoder>(d: &mut D) -> Result<QueuedMessage, DecodeError> {
+    Ok(QueuedMessage {
+        qseq: u64::decode(d)?,
+        at_ms: u64::decode(d)?,
+        dedupe_key: Option::<String>::decode(d)?,
+        correlation: Option::<String>::decode(d)?,
+        message: Vec::<u8>::decode(d)?,
+    })
+}
+
+/// [`QueueState`] on disk: head, tail, bytes, last_token.
+pub(crate) fn encode_queue_state<E: Encoder>(q: &QueueState, e: &mut E) -> Result<(), EncodeError> {
+    q.head.encode(e)?;
+    q.tail.encode(e)?;
+    q.bytes.encode(e)?;
+    q.last_token.encode(e)
+}
+
+/// Reads what [`encode_queue_state`] wrote.
+pub(crate) fn decode_queue_state<D: Decoder>(d: &mut D) -> Result<QueueState, DecodeError> {
+    Ok(QueueState {
+        head: u64::decode(d)?,
+        tail: u64::decode(d)?,
+        bytes: u64::decode(d)?,
+        last_token: Option::<String>::decode(d)?,
+    })
+}
+
+/// A u64 count, then each item (a count past the bytes left fails as the items decode,
+/// without reserving memory for it).
+fn encode_list<E: Encoder, T>(
+    items: &[T],
+    e: &mut E,
+    one: impl Fn(&T, &mut E) -> Result<(), EncodeError>,
+) -> Result<(), EncodeError> {
+    (items.len() as u64).encode(e)?;
+    items.iter().try_for_each(|i| one(i, e))
+}
+
+fn decode_list<D: Decoder, T>(
+    d: &mut D,
+    one: impl Fn(&mut D) -> Result<T, DecodeError>,
+) -> Result<Vec<T>, DecodeError> {
+    let n = u64::decode(d)?;
+    let mut items = Vec::new();
+    for _ in 0..n {
+        items.push(one(d)?);
+    }
+    Ok(items)
+}
+
+/// One of a task's queues as a snapshot carries it: where it stands, its queued messages
+/// and the last dequeued batch (for a retry of that dequeue).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueSnapshot {
+    pub channel: u8,
+    pub state: QueueState,
+    pub messages: Vec<QueuedMessage>,
+    pub last_batch: Vec<QueuedMessage>,
+}
+
+wire_codec!(
+    QueueSnapshot,
+    |q, e| {
+        q.channel.encode(e)?;
+        encode_queue_state(&q.state, e)?;
+        encode_list(&q.messages, e, |m, e| encode_message(m, e))?;
+        encode_list(&q.last_batch, e, |m, e| encode_message(m, e))
+    },
+    |d| Ok(QueueSnapshot {
+        channel: u8::decode(d)?,
+        state: decode_queue_state(d)?,
+        messages: decode_list(d, |d| decode_message(d))?,
+        last_batch: decode_list(d, |d| decode_message(d))?,
+    })
+);
+
+/// A message was enqueued on one of a task's queues (tag 22).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct TaskQueued {
+    pub id: u64,
+    pub channel: u8,
+    pub qseq: u64,
+    /// The enqueuer's bound on the queue's length (the SDK's `maxSize`).
+    pub max_len: u32,
+    pub dedupe_key: Option<String>,
+    pub correlation: Option<String>,
+    pub message: Vec<u8>,
+    pub at_ms: u64,
+}
+
+/// Messages up to `through_qseq` were dequeued, by a dequeue with `token` (tag 23).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct TaskDequeued {
+    pub id: u64,
+    pub channel: u8,
+    pub through_qseq: u64,
+    pub token: String,
+    pub at_ms: u64,
 }
 
 /// A task was created (tag 16). Its id is the record's LSN.
@@ -271,12 +382,13 @@ wire_codec!(
 );
 
 /// A task's whole state, carried forward before the segment that created it is retired
-/// (tag 25): its meta, its outcome bytes and its input slots.
+/// (tag 25): its meta, its outcome bytes, its input slots and its queues.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TaskSnapshot {
     pub meta: TaskMeta,
     pub outcome: Vec<u8>,
     pub slots: Vec<InputSlot>,
+    pub queues: Vec<QueueSnapshot>,
 }
 
 wire_codec!(
@@ -284,28 +396,15 @@ wire_codec!(
     |s, e| {
         encode_task(&s.meta, e)?;
         s.outcome.encode(e)?;
-        (s.slots.len() as u64).encode(e)?;
-        for slot in &s.slots {
-            encode_slot(slot, e)?;
-        }
-        Ok(())
+        encode_list(&s.slots, e, |slot, e| encode_slot(slot, e))?;
+        encode_list(&s.queues, e, |q, e| q.encode(e))
     },
-    |d| {
-        let meta = decode_task(d)?;
-        let outcome = Vec::<u8>::decode(d)?;
-        let n = u64::decode(d)?;
-        // Each slot takes at least 25 bytes, so a count past what is left is damage, not a
-        // reason to reserve memory: grow as slots decode.
-        let mut slots = Vec::new();
-        for _ in 0..n {
-            slots.push(decode_slot(d)?);
-        }
-        Ok(TaskSnapshot {
-            meta,
-            outcome,
-            slots,
-        })
-    }
+    |d| Ok(TaskSnapshot {
+        meta: decode_task(d)?,
+        outcome: Vec::<u8>::decode(d)?,
+        slots: decode_list(d, |d| decode_slot(d))?,
+        queues: decode_list(d, |d| QueueSnapshot::decode(d))?,
+    })
 );
 
 /// A deleted task past the metadata horizon is forgotten (tag 26): its tombstone goes, and

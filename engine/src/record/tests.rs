@@ -1,7 +1,8 @@
 //! Unit tests of record frames and the hand-written event body codec.
 use super::*;
 use crate::task::{
-    EndCause, InputSlot, OutcomeKind, SlotState, TaskMeta, TaskOutcome, TaskRemoval, TaskStatus,
+    EndCause, InputSlot, OutcomeKind, QueueState, QueuedMessage, SlotState, TaskMeta, TaskOutcome,
+    TaskRemoval, TaskStatus,
 };
 use proptest::prelude::*;
 
@@ -170,6 +171,23 @@ fn sample_task_records() -> Vec<Record> {
             },
             at_ms: 25,
         }),
+        Record::TaskQueued(TaskQueued {
+            id: 16,
+            channel: 0,
+            qseq: 1,
+            max_len: 8,
+            dedupe_key: Some("d".into()),
+            correlation: None,
+            message: b"{}".to_vec(),
+            at_ms: 25,
+        }),
+        Record::TaskDequeued(TaskDequeued {
+            id: 16,
+            channel: 0,
+            through_qseq: 1,
+            token: "t".into(),
+            at_ms: 25,
+        }),
         Record::TaskDeleted(TaskDeleted {
             id: 16,
             removal: TaskRemoval::Expired,
@@ -183,6 +201,23 @@ fn sample_task_records() -> Vec<Record> {
                 request: b"{}".to_vec(),
                 response: None,
                 state: SlotState::Dropped,
+            }],
+            queues: vec![QueueSnapshot {
+                channel: 1,
+                state: QueueState {
+                    head: 1,
+                    tail: 2,
+                    bytes: 2,
+                    last_token: Some("t".into()),
+                },
+                messages: vec![QueuedMessage {
+                    qseq: 2,
+                    at_ms: 24,
+                    dedupe_key: None,
+                    correlation: Some("7".into()),
+                    message: b"{}".to_vec(),
+                }],
+                last_batch: Vec::new(),
             }],
         }),
         Record::TaskForgotten(TaskForgotten { id: 16, at_ms: 27 }),
@@ -235,8 +270,10 @@ const GOLDEN_BODIES: &[(u8, &str)] = &[
     (19, "10000000000000000400000000000000010000000000000001000000000000006b0100000000000000311700000000000000"),
     (20, "100000000000000005000000000000001800000000000000"),
     (21, "100000000000000006000000000000000200000102000000000000007b7d1900000000000000"),
+    (22, "100000000000000000010000000000000008000000010100000000000000640002000000000000007b7d1900000000000000"),
+    (23, "10000000000000000001000000000000000100000000000000741900000000000000"),
     (24, "1000000000000000001a00000000000000"),
-    (25, "10000000000000000300000000000000733a6102000000000000007431010000000000000037030101000000000000006d0300000000000000140000000000000015000000000000000160ea000000000000e8030000000000000001011500000000000000010200000202000000000000007b7d02000000000000007b7d010000000000000001000000000000006b02000000000000007b7d0002"),
+    (25, "10000000000000000300000000000000733a6102000000000000007431010000000000000037030101000000000000006d0300000000000000140000000000000015000000000000000160ea000000000000e8030000000000000001011500000000000000010200000202000000000000007b7d02000000000000007b7d010000000000000001000000000000006b02000000000000007b7d000201000000000000000101000000000000000200000000000000020000000000000001010000000000000074010000000000000002000000000000001800000000000000000101000000000000003702000000000000007b7d0000000000000000"),
     (26, "10000000000000001b00000000000000"),
 ];
 

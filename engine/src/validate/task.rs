@@ -8,10 +8,10 @@ use super::Rejection;
 use crate::error::Result;
 use crate::index::{StoredTask, TaskRead, Txn};
 use crate::record::{
-    TaskCancelRequested, TaskCreated, TaskDeleted, TaskEnded, TaskInputAnswered,
-    TaskInputRequested, TaskSnapshot, TaskUpdated,
+    TaskCancelRequested, TaskCreated, TaskDeleted, TaskDequeued, TaskEnded, TaskInputAnswered,
+    TaskInputRequested, TaskQueued, TaskSnapshot, TaskUpdated,
 };
-use crate::task::{may_move, EndCause, SlotState, TaskRemoval, TaskStatus};
+use crate::task::{may_move, EndCause, SlotState, TaskRemoval, TaskStatus, INBOUND};
 
 type Rule = std::result::Result<(), Rejection>;
 
@@ -187,6 +187,70 @@ pub(super) fn ended(txn: &Txn<'_>, e: &TaskEnded) -> Result<Rule> {
     }))
 }
 
+/// A queue record's refusal.
+fn queue_rule(id: u64, channel: u8, why: String) -> Rule {
+    Err(Rejection::TaskQueue { id, channel, why })
+}
+
+pub(super) fn queued(txn: &Txn<'_>, q: &TaskQueued) -> Result<Rule> {
+    if let Err(e) = present(txn, q.id)? {
+        return Ok(Err(e));
+    }
+    if q.channel > INBOUND {
+        return Ok(queue_rule(q.id, q.channel, "no such channel".into()));
+    }
+    let state = txn.queue_state(q.id, q.channel)?;
+    Ok(if state.tail.checked_add(1) != Some(q.qseq) {
+        queue_rule(
+            q.id,
+            q.channel,
+            format!("qseq {} does not follow {}", q.qseq, state.tail),
+        )
+    } else if state.tail - state.head >= u64::from(q.max_len) {
+        queue_rule(
+            q.id,
+            q.channel,
+            format!(
+                "full: {} queued (max {})",
+                state.tail - state.head,
+                q.max_len
+            ),
+        )
+    } else if let Some(d) = &q.dedupe_key {
+        match txn.deduped(q.id, q.channel, d)? {
+            Some(_) => queue_rule(q.id, q.channel, format!("dedupe key {d:?} is queued")),
+            None => Ok(()),
+        }
+    } else {
+        Ok(())
+    })
+}
+
+pub(super) fn dequeued(txn: &Txn<'_>, d: &TaskDequeued) -> Result<Rule> {
+    if let Err(e) = present(txn, d.id)? {
+        return Ok(Err(e));
+    }
+    let state = txn.queue_state(d.id, d.channel)?;
+    Ok(
+        if d.through_qseq <= state.head || d.through_qseq > state.tail {
+            queue_rule(
+                d.id,
+                d.channel,
+                format!(
+                    "dequeue through {} outside {}..={}",
+                    d.through_qseq,
+                    state.head + 1,
+                    state.tail
+                ),
+            )
+        } else if d.token.is_empty() {
+            queue_rule(d.id, d.channel, "a dequeue needs a token".into())
+        } else {
+            Ok(())
+        },
+    )
+}
+
 pub(super) fn deleted(txn: &Txn<'_>, d: &TaskDeleted) -> Result<Rule> {
     Ok(present(txn, d.id)?.and_then(|t| match d.removal {
         TaskRemoval::Deleted => Ok(()),
@@ -208,7 +272,8 @@ pub(super) fn snapshot(txn: &Txn<'_>, s: &TaskSnapshot) -> Result<Rule> {
         Some(t)
             if t.meta != s.meta
                 || txn.task_outcome(id)? != s.outcome
-                || txn.task_slots(id)? != s.slots =>
+                || txn.task_slots(id)? != s.slots
+                || txn.task_queues(id)? != s.queues =>
         {
             Err(Rejection::StaleSnapshot(format!("task {id}")))
         }

@@ -86,6 +86,7 @@ impl Writer {
                         vec![Record::TaskSnapshot(TaskSnapshot {
                             outcome: txn.task_outcome(id)?,
                             slots: txn.task_slots(id)?,
+                            queues: txn.task_queues(id)?,
                             meta: t.meta,
                         })]
                     }

@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 
 mod live;
 mod task;
+mod task_queue;
 use live::named_session;
 
 impl Writer {
@@ -487,6 +488,7 @@ fn cmd_needs_space(cmd: &Command) -> bool {
                     | TaskCommand::RequestInput(_)
                     | TaskCommand::Answer(_)
                     | TaskCommand::Finish(_)
+                    | TaskCommand::Enqueue(_)
             )
     )
 }

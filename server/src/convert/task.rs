@@ -266,10 +266,13 @@ pub fn view(view: engine::TaskView) -> pb::GetTaskResponse {
             response: slot.response,
         })
         .collect();
+    let (outbound_queued, inbound_queued) = (view.outbound_queued, view.inbound_queued);
     let task_view = view.task.map(|meta| pb::TaskView {
         task: Some(task(meta)),
         outstanding,
         outcome: view.outcome.and_then(outcome),
+        outbound_queued,
+        inbound_queued,
     });
     pb::GetTaskResponse {
         verdict: verdict.into(),
@@ -328,6 +331,66 @@ pub fn page(page: engine::TaskPage) -> pb::ListTasksResponse {
     pb::ListTasksResponse {
         tasks: page.tasks.into_iter().map(task).collect(),
         next_cursor: page.next.map(encode_cursor).unwrap_or_default(),
+    }
+}
+
+/// A queue channel: 0 outbound, 1 inbound.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming `channel` for any other number.
+pub fn channel(value: u32) -> Result<u8, Status> {
+    u8::try_from(value)
+        .ok()
+        .filter(|c| *c <= engine::INBOUND)
+        .ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "invalid channel: {value} (0 is the outbound queue, 1 the inbound one)"
+            ))
+        })
+}
+
+/// An enqueue request.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a missing task id or a bad channel.
+pub fn enqueue(r: pb::EnqueueTaskMessageRequest) -> Result<engine::TaskEnqueue, Status> {
+    Ok(engine::TaskEnqueue {
+        task: task_ref(r.owner, r.task_id)?,
+        channel: channel(r.channel)?,
+        message: r.message,
+        max_len: r.max_len,
+        dedupe_key: r.dedupe_key,
+        correlation: r.correlation,
+    })
+}
+
+/// A dequeue request.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a missing task id or token, or a bad channel.
+pub fn dequeue(r: pb::DequeueTaskMessagesRequest) -> Result<engine::TaskDequeue, Status> {
+    Ok(engine::TaskDequeue {
+        task: task_ref(r.owner, r.task_id)?,
+        channel: channel(r.channel)?,
+        max_messages: r.max_messages,
+        token: required_str("token", r.token)?,
+    })
+}
+
+/// A dequeue's answer.
+pub fn dequeued(d: engine::TaskDequeued) -> pb::DequeueTaskMessagesResponse {
+    pb::DequeueTaskMessagesResponse {
+        messages: d
+            .messages
+            .into_iter()
+            .map(|m| pb::QueuedTaskMessage {
+                qseq: m.qseq,
+                message: m.message,
+                at_ms: m.at_ms,
+                correlation: m.correlation,
+            })
+            .collect(),
+        duplicate: d.duplicate,
     }
 }
 

@@ -5,8 +5,8 @@
 use crate::index::{Index, TaskRead, Txn};
 use crate::log::Position;
 use crate::record::{
-    Record, TaskCancelRequested, TaskCreated, TaskDeleted, TaskEnded, TaskForgotten,
-    TaskInputAnswered, TaskInputRequested, TaskSnapshot, TaskUpdated,
+    Record, TaskCancelRequested, TaskCreated, TaskDeleted, TaskDequeued, TaskEnded, TaskForgotten,
+    TaskInputAnswered, TaskInputRequested, TaskQueued, TaskSnapshot, TaskUpdated,
 };
 use crate::task::{EndCause, OutcomeKind, SlotState, TaskOutcome, TaskRemoval, TaskStatus};
 use crate::validate::{validate, Rejection};
@@ -521,6 +521,7 @@ fn task_snapshot_must_restate() {
                 meta,
                 outcome: txn.task_outcome(1).expect("read"),
                 slots: txn.task_slots(1).expect("read"),
+                queues: txn.task_queues(1).expect("read"),
             })
         })
     };
@@ -532,5 +533,145 @@ fn task_snapshot_must_restate() {
     assert_eq!(
         refusal(&stale),
         Some((2, Rejection::StaleSnapshot("task 1".into())))
+    );
+}
+
+fn queued(qseq: u64, max_len: u32, dedupe: Option<&str>) -> Record {
+    Record::TaskQueued(TaskQueued {
+        id: 1,
+        channel: 0,
+        qseq,
+        max_len,
+        dedupe_key: dedupe.map(Into::into),
+        correlation: None,
+        message: vec![b'm'; 10],
+        at_ms: 1_100,
+    })
+}
+
+fn dequeued(through_qseq: u64, token: &str) -> Record {
+    Record::TaskDequeued(TaskDequeued {
+        id: 1,
+        channel: 0,
+        through_qseq,
+        token: token.into(),
+        at_ms: 1_100,
+    })
+}
+
+fn queue_refusal(records: &[Record]) -> Option<(usize, String)> {
+    refusal(records).map(|(i, why)| match why {
+        Rejection::TaskQueue { why, .. } => (i, why),
+        other => panic!("not a queue refusal: {other}"),
+    })
+}
+
+#[test]
+fn queue_seq_must_follow() {
+    let (at, why) = queue_refusal(&[task1(), queued(1, 8, None), queued(3, 8, None)]).unwrap();
+    assert_eq!(at, 2);
+    assert!(why.contains("qseq 3 does not follow 1"), "{why}");
+    assert_eq!(
+        refusal(&[task1(), queued(1, 8, None), queued(2, 8, None)]),
+        None
+    );
+}
+
+#[test]
+fn queue_over_max_len_refused() {
+    let (at, why) = queue_refusal(&[task1(), queued(1, 1, None), queued(2, 1, None)]).unwrap();
+    assert_eq!(at, 2);
+    assert!(why.contains("full"), "{why}");
+    // A dequeue makes room.
+    assert_eq!(
+        refusal(&[
+            task1(),
+            queued(1, 1, None),
+            dequeued(1, "a"),
+            queued(2, 1, None)
+        ]),
+        None
+    );
+}
+
+#[test]
+fn queue_dedupe_key_in_use_refused() {
+    let (at, why) =
+        queue_refusal(&[task1(), queued(1, 8, Some("k")), queued(2, 8, Some("k"))]).unwrap();
+    assert_eq!(at, 2);
+    assert!(why.contains("dedupe"), "{why}");
+    // Once dequeued, the key is free.
+    assert_eq!(
+        refusal(&[
+            task1(),
+            queued(1, 8, Some("k")),
+            dequeued(1, "a"),
+            queued(2, 8, Some("k"))
+        ]),
+        None
+    );
+}
+
+#[test]
+fn dequeue_past_tail_refused() {
+    let (at, why) = queue_refusal(&[task1(), queued(1, 8, None), dequeued(2, "a")]).unwrap();
+    assert_eq!(at, 2);
+    assert!(why.contains("outside"), "{why}");
+}
+
+#[test]
+fn dequeue_twice_refused() {
+    let (at, why) = queue_refusal(&[
+        task1(),
+        queued(1, 8, None),
+        dequeued(1, "a"),
+        dequeued(1, "b"),
+    ])
+    .unwrap();
+    assert_eq!(at, 3);
+    assert!(why.contains("outside"), "{why}");
+}
+
+#[test]
+fn a_dequeue_keeps_its_batch_and_moves_the_head() {
+    let history = [
+        task1(),
+        queued(1, 8, Some("k1")),
+        queued(2, 8, None),
+        queued(3, 8, None),
+        dequeued(2, "tok"),
+    ];
+    with_state(&history, |r, txn| {
+        assert_eq!(r, None);
+        let q = txn.queue_state(1, 0).expect("read");
+        assert_eq!((q.head, q.tail, q.bytes), (2, 3, 10));
+        assert_eq!(q.last_token.as_deref(), Some("tok"));
+        let batch: Vec<u64> = txn
+            .last_batch(1, 0)
+            .expect("read")
+            .iter()
+            .map(|m| m.qseq)
+            .collect();
+        assert_eq!(batch, [1, 2]);
+        let left: Vec<u64> = txn
+            .queued_messages(1, 0)
+            .expect("read")
+            .iter()
+            .map(|m| m.qseq)
+            .collect();
+        assert_eq!(left, [3]);
+        assert_eq!(txn.deduped(1, 0, "k1").expect("read"), None);
+    });
+}
+
+#[test]
+fn queue_records_on_deleted_task_refused() {
+    assert_eq!(
+        refusal(&[
+            task1(),
+            delete(TaskRemoval::Deleted, 1_100),
+            queued(1, 8, None)
+        ]),
+        Some((2, Rejection::TaskDeleted(1)))
     );
 }

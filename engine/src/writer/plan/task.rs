@@ -42,6 +42,12 @@ impl Writer {
             TaskCommand::Cancel(req) => TaskReply::Cancelled(self.cancel_task(req, txn, buf, now)?),
             TaskCommand::Finish(req) => TaskReply::Written(self.finish_task(req, txn, buf, now)?),
             TaskCommand::Delete(req) => TaskReply::Written(self.delete_task(&req, txn, buf, now)?),
+            TaskCommand::Enqueue(req) => {
+                TaskReply::Enqueued(self.enqueue_task_message(req, txn, buf, now)?)
+            }
+            TaskCommand::Dequeue(req) => {
+                TaskReply::Dequeued(self.dequeue_task_messages(req, txn, buf, now)?)
+            }
             TaskCommand::Expire(id) => TaskReply::Expired(self.expire_task(id, txn, buf, now)?),
             TaskCommand::LeaseExpired(id) => {
                 TaskReply::Expired(self.fail_leaseless_task(id, txn, buf, now)?)
