@@ -28,5 +28,5 @@ fi
 cd "$src"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 # The SDK's addopts ask for pytest-xdist (--numprocesses auto); one process shares one cursorlog.
-exec "$python" -m pytest -p cursorlog_tasks_plugin -p no:cacheprovider -o addopts= -q -rfEx --color=no \
+exec "$python" -m pytest -p cursorlog_tasks_plugin -p no:cacheprovider -o addopts= -o log_cli=false -rfEx --color=no \
     tests/experimental/tasks

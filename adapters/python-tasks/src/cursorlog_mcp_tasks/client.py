@@ -1,50 +1,72 @@
-"""A small asyncio gRPC client for ``cursorlog.v1.Tasks``: one channel per event loop, the
-bearer token on every call, and a follower's redirect (UNAVAILABLE naming the leader in the
-``cursorlog-leader`` header) followed once."""
+"""A small gRPC client for ``cursorlog.v1.Tasks``: the bearer token on every call, and a
+follower's redirect (UNAVAILABLE naming the leader in the ``cursorlog-leader`` header) followed
+once.
+
+Every call runs on one private event loop in a daemon thread, whatever loop the caller runs on.
+A ``grpc.aio`` channel belongs to the loop that made it, and one left open when its loop closes
+gets its callbacks scheduled on a closed loop ("Event loop is closed"); callers whose loops come
+and go (the SDK's tests, a worker per request) therefore share one channel on a loop that never
+closes. A cancelled caller cancels its call there."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
+from ._proto import tasks_pb2 as pb
 from ._proto import tasks_pb2_grpc as pb_grpc
 
-R = TypeVar("R")
+T = TypeVar("T")
 
 LEADER_HEADER = "cursorlog-leader"
+
+_IO_LOCK = threading.Lock()
+_IO_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _io_loop() -> asyncio.AbstractEventLoop:
+    """The process's gRPC loop, started on first use in a daemon thread."""
+    global _IO_LOOP
+    with _IO_LOCK:
+        if _IO_LOOP is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="cursorlog-tasks-grpc", daemon=True)
+            thread.start()
+            _IO_LOOP = loop
+        return _IO_LOOP
+
+
+async def _on_io_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs ``coro`` on the gRPC loop and awaits it from the caller's loop (cancellation included)."""
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, _io_loop()))
 
 
 class TasksClient:
     """Calls the Tasks service of the cursorlog at ``target`` (``host:port``, or several members
-    as a comma-separated string or a sequence: the first is tried first, a redirect moves on).
-
-    A ``grpc.aio`` channel belongs to the event loop that made it, so one is kept per loop (the
-    SDK's tests run each test in its own loop)."""
+    as a comma-separated string or a sequence: the first is tried first, a redirect moves on)."""
 
     def __init__(self, target: str | Sequence[str], *, token: str | None = None, timeout_s: float = 10.0) -> None:
         members = [m.strip() for m in target.split(",")] if isinstance(target, str) else [m.strip() for m in target]
         members = [m for m in members if m]
         if not members:
             raise ValueError("cursorlog target must name at least one host:port")
-        self._members = members
         self._current = members[0]
         self._token = token
         self.timeout_s = timeout_s
-        self._channels: dict[tuple[int, str], grpc.aio.Channel] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}  # touched on the gRPC loop only
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self._token}"),) if self._token else ()
 
     def _stub(self, address: str) -> pb_grpc.TasksStub:
-        loop = id(asyncio.get_running_loop())
-        key = (loop, address)
-        channel = self._channels.get(key)
+        channel = self._channels.get(address)
         if channel is None:
             channel = grpc.aio.insecure_channel(address)
-            self._channels[key] = channel
+            self._channels[address] = channel
         return pb_grpc.TasksStub(channel)  # type: ignore[no-untyped-call]
 
     @staticmethod
@@ -59,7 +81,10 @@ class TasksClient:
 
     async def unary(self, rpc: str, request: Any) -> Any:
         """Calls ``rpc``; a follower's redirect is followed once (the follower wrote nothing, so
-        any call may be repeated at the leader)."""
+        any call may be repeated at the leader). Raises ``grpc.aio.AioRpcError``."""
+        return await _on_io_loop(self._unary(rpc, request))
+
+    async def _unary(self, rpc: str, request: Any) -> Any:
         for attempt in range(2):
             address = self._current
             try:
@@ -73,16 +98,30 @@ class TasksClient:
                 raise
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
-    def watch(self, request: Any) -> grpc.aio.UnaryStreamCall:
-        """Opens a WatchTask stream at the current member (the caller handles errors and cancels
-        it)."""
-        return self._stub(self._current).WatchTask(request, metadata=self._metadata())
+    async def watch_until(
+        self, request: pb.WatchTaskRequest, done: Callable[[pb.GetTaskResponse], bool]
+    ) -> pb.GetTaskResponse | None:
+        """Follows ``WatchTask`` until ``done`` accepts a response (returned) or the stream ends
+        (``None``). Raises ``grpc.aio.AioRpcError``; the stream is cancelled on the way out."""
+        return await _on_io_loop(self._watch_until(request, done))
+
+    async def _watch_until(
+        self, request: pb.WatchTaskRequest, done: Callable[[pb.GetTaskResponse], bool]
+    ) -> pb.GetTaskResponse | None:
+        call = self._stub(self._current).WatchTask(request, metadata=self._metadata())
+        try:
+            async for response in call:
+                if done(response):
+                    return response  # type: ignore[no-any-return]
+            return None
+        finally:
+            call.cancel()
 
     async def close(self) -> None:
-        """Closes the channels of the running loop (others are dropped: they cannot be closed
-        from here)."""
-        loop = id(asyncio.get_running_loop())
-        for key in list(self._channels):
-            channel = self._channels.pop(key)
-            if key[0] == loop:
-                await channel.close()
+        """Closes the channels."""
+        await _on_io_loop(self._close())
+
+    async def _close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()

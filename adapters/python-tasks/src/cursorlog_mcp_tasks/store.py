@@ -312,7 +312,9 @@ class CursorlogTaskStore(TaskStore):
         after = self._seen.get(task_id)
         if after is None:
             after = (await self._found(task_id)).version
-        event = self._update_events.setdefault(task_id, anyio.Event())
+        # A fresh event per wait, as the SDK's store: an event belongs to the loop that first
+        # waits on it. A second waiter's wake then comes from the watch alone.
+        event = self._update_events[task_id] = anyio.Event()
         async with anyio.create_task_group() as group:
 
             async def local() -> None:
@@ -327,24 +329,21 @@ class CursorlogTaskStore(TaskStore):
 
     async def _watch(self, task_id: str, after: int) -> None:
         request = pb.WatchTaskRequest(owner=self.owner, task_id=task_id, after_version=after)
-        call = self.client.watch(request)
+
+        def changed(response: pb.GetTaskResponse) -> bool:
+            if response.verdict != pb.TASK_FOUND:
+                return True  # deleted or expired: a change
+            task = response.view.task
+            return task.version > after or is_terminal(_FROM_PB[task.status])
+
         try:
-            async for response in call:
-                if response.verdict == pb.TASK_FOUND:
-                    self._saw(response.view.task)
-                    if response.view.task.version <= after and not is_terminal(_FROM_PB[response.view.task.status]):
-                        continue
-                return
+            response = await self.client.watch_until(request, changed)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 raise ValueError(f"Task with ID {task_id} not found") from e
             raise CursorlogTaskStoreError.from_rpc("wait_for_update", e) from e
-        finally:
-            # Cancel the stream and wait for gRPC to finish it, so no callback of it is left for
-            # an event loop that may close next.
-            with anyio.CancelScope(shield=True):
-                call.cancel()
-                await call.code()
+        if response is not None and response.verdict == pb.TASK_FOUND:
+            self._saw(response.view.task)
 
     def _wake(self, task_id: str) -> None:
         event = self._update_events.pop(task_id, None)
