@@ -37,3 +37,4 @@ export {
   DEFAULT_POLL_INTERVAL_MS,
   type TaskStoreOptions,
 } from './tasks.js';
+export { CursorlogTaskMessageQueue, TaskQueueFullError, type TaskMessageQueueOptions } from './task-queue.js';

@@ -211,6 +211,14 @@ export interface TaskRpcs {
   ];
   DeleteTask: [{ owner: string; taskId: string }, { task?: PbTask }];
   KeepAliveTask: [{ owner: string; taskId: string }, Record<string, never>];
+  EnqueueTaskMessage: [
+    { owner: string; taskId: string; channel: number; message: Buffer; maxLen?: number; dedupeKey?: string; correlation?: string },
+    { qseq?: U64; duplicate?: boolean },
+  ];
+  DequeueTaskMessages: [
+    { owner: string; taskId: string; channel: number; maxMessages?: number; token: string },
+    { messages?: { qseq?: U64; message?: Buffer; atMs?: U64; correlation?: string }[]; duplicate?: boolean },
+  ];
 }
 
 /** The names of {@link TaskRpcs}: these go to the `Tasks` service, every other RPC to `CursorLog`. */

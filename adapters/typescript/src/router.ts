@@ -60,6 +60,9 @@ export function isIdempotent(rpc: string, request: unknown): boolean {
   if (rpc === 'Append' || rpc === 'Complete') return hasSeq(r);
   // A compare-and-set update applied before is refused (ABORTED) on a resend, never applied twice.
   if (rpc === 'UpdateTask') return (r as { expectedVersion?: unknown }).expectedVersion != null;
+  // A resent enqueue with its dedupe key is `duplicate`; a resent dequeue with its token answers the same messages.
+  if (rpc === 'EnqueueTaskMessage') return (r as { dedupeKey?: unknown }).dedupeKey != null;
+  if (rpc === 'DequeueTaskMessages') return (r as { token?: unknown }).token != null;
   if (rpc === 'AppendBatch') {
     return (r.items ?? []).every((item) => item.open === undefined && (item.append !== undefined ? hasSeq(item.append) : hasSeq(item.complete)));
   }

@@ -14,9 +14,10 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { CreateTaskResultSchema } from '@modelcontextprotocol/sdk/experimental/tasks';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { CallToolResultSchema, type Request } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolResultSchema, LoggingMessageNotificationSchema, type Request } from '@modelcontextprotocol/sdk/types.js';
 import { CursorlogClient } from '../src/client.js';
 import { isIdempotent } from '../src/router.js';
+import { CursorlogTaskMessageQueue, TaskQueueFullError } from '../src/task-queue.js';
 import { CursorlogTaskStore, TaskStoreError } from '../src/tasks.js';
 import { CursorlogServer, waitFor } from './harness.js';
 
@@ -140,6 +141,50 @@ describe('CursorlogTaskStore', () => {
   });
 });
 
+describe('CursorlogTaskMessageQueue', () => {
+  const queue = (): CursorlogTaskMessageQueue => new CursorlogTaskMessageQueue(grpc);
+  const note = (n: number) => ({ type: 'notification' as const, message: { jsonrpc: '2.0' as const, method: 'notifications/message', params: { level: 'info', data: n } }, timestamp: 1000 + n });
+
+  it('FIFO per task: dequeue takes the oldest, dequeueAll the rest in order, an empty queue answers undefined at once', async () => {
+    const q = queue();
+    const task = await store.createTask({}, 1, REQUEST, 'sess-q');
+    const other = await store.createTask({}, 2, REQUEST, 'sess-q');
+    const request = { type: 'request' as const, message: { jsonrpc: '2.0' as const, id: 42, method: 'elicitation/create', params: { message: 'name?', requestedSchema: { type: 'object' as const, properties: {} } } }, timestamp: 5 };
+    await q.enqueue(task.taskId, note(1), 'sess-q');
+    await q.enqueue(other.taskId, note(100), 'sess-q');
+    await q.enqueue(task.taskId, request, 'sess-q');
+    await q.enqueue(task.taskId, note(3), 'sess-q');
+    assert.deepEqual(await q.dequeue(task.taskId, 'sess-q'), note(1));
+    assert.deepEqual(await q.dequeueAll(task.taskId, 'sess-q'), [request, note(3)]);
+    assert.equal(await q.dequeue(task.taskId, 'sess-q'), undefined);
+    assert.deepEqual(await q.dequeueAll(task.taskId, 'sess-q'), []);
+    assert.deepEqual(await q.dequeueAll(other.taskId, 'sess-q'), [note(100)]);
+  });
+
+  it('maxSize: a full queue throws, and takes messages again once drained', async () => {
+    const q = queue();
+    const task = await store.createTask({}, 3, REQUEST, 'sess-q');
+    await q.enqueue(task.taskId, note(1), 'sess-q', 2);
+    await q.enqueue(task.taskId, note(2), 'sess-q', 2);
+    await assert.rejects(q.enqueue(task.taskId, note(3), 'sess-q', 2), TaskQueueFullError);
+    await assert.rejects(q.enqueue(task.taskId, note(3), 'sess-q', 0), TaskQueueFullError);
+    assert.deepEqual(await q.dequeue(task.taskId, 'sess-q'), note(1));
+    await q.enqueue(task.taskId, note(3), 'sess-q', 2);
+    assert.deepEqual(await q.dequeueAll(task.taskId, 'sess-q'), [note(2), note(3)]);
+  });
+
+  it("another session's task: enqueue is 'not found', dequeue finds nothing and leaves the owner's messages", async () => {
+    const q = queue();
+    const task = await store.createTask({}, 4, REQUEST, 'sess-q-owner');
+    await q.enqueue(task.taskId, note(1), 'sess-q-owner');
+    await assert.rejects(q.enqueue(task.taskId, note(2), 'sess-q-thief'), (e: unknown) => e instanceof TaskStoreError && e.reason === 'not-found');
+    assert.equal(await q.dequeue(task.taskId, 'sess-q-thief'), undefined);
+    assert.deepEqual(await q.dequeueAll(task.taskId, 'sess-q-thief'), []);
+    assert.equal(await q.dequeue('no-such-task', 'sess-q-owner'), undefined);
+    assert.deepEqual(await q.dequeueAll(task.taskId, 'sess-q-owner'), [note(1)]);
+  });
+});
+
 /** One SDK server replica: stateless Streamable HTTP (a server and transport per request), its own store. */
 class SdkReplica {
   readonly methods: string[] = [];
@@ -149,13 +194,18 @@ class SdkReplica {
   constructor(
     readonly name: string,
     readonly store: CursorlogTaskStore,
-    private readonly onTool: (taskId: string) => void,
+    private readonly onTool: (taskId: string, server: McpServer) => void,
+    readonly queue?: CursorlogTaskMessageQueue,
   ) {}
 
   private server(): McpServer {
     const server = new McpServer(
       { name: `replica-${this.name}`, version: '1.0.0' },
-      { capabilities: { tasks: { requests: { tools: { call: {} } }, list: {}, cancel: {} } }, taskStore: this.store },
+      {
+        capabilities: { logging: {}, tasks: { requests: { tools: { call: {} } }, list: {}, cancel: {} } },
+        taskStore: this.store,
+        ...(this.queue !== undefined ? { taskMessageQueue: this.queue, maxTaskQueueSize: 8 } : {}),
+      },
     );
     server.experimental.tasks.registerToolTask(
       'slow',
@@ -163,7 +213,12 @@ class SdkReplica {
       {
         createTask: async (extra) => {
           const task = await extra.taskStore.createTask({ ttl: extra.taskRequestedTtl ?? 60_000, pollInterval: 50 });
-          this.onTool(task.taskId);
+          this.onTool(task.taskId, server);
+          if (this.queue !== undefined) {
+            // Queued through the SDK while this request's transport is connected (the SDK refuses
+            // a notification on a closed server, queued or not).
+            await server.server.notification({ method: 'notifications/message', params: { level: 'info', data: 'first from A' } }, { relatedTask: { taskId: task.taskId } });
+          }
           return { task };
         },
         getTask: async (extra) => extra.taskStore.getTask(extra.taskId),
@@ -180,7 +235,8 @@ class SdkReplica {
         const method = (body as { method?: string } | undefined)?.method;
         if (method !== undefined) this.methods.push(method);
         const server = this.server();
-        const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+        // SSE answers: a queued notification travels on the tasks/result response stream.
+        const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: this.queue === undefined });
         res.on('close', () => {
           void transport.close();
           void server.close();
@@ -242,6 +298,7 @@ describe('two SDK replicas on one cursorlog (issue 20 item 2)', () => {
       // The worker on A moves the task and ends it through A's store.
       await a.store.updateTaskStatus(task.taskId, 'working', 'halfway');
       await waitFor('B to see the message', async () => (await client.experimental.tasks.getTask(task.taskId)).statusMessage === 'halfway');
+      await waitFor('B to hold the tasks/result call', () => b.methods.includes('tasks/result'));
       await a.store.storeTaskResult(task.taskId, 'completed', { content: [{ type: 'text', text: 'done on A' }] });
       const done = await waitFor('B to see completed', async () => {
         const t = await client.experimental.tasks.getTask(task.taskId);
@@ -259,6 +316,54 @@ describe('two SDK replicas on one cursorlog (issue 20 item 2)', () => {
       assert.ok(!a.methods.some((m) => m.startsWith('tasks/')), `A served ${a.methods.join(',')}`);
       assert.ok(b.methods.includes('tasks/get') && b.methods.includes('tasks/result'), `B served ${b.methods.join(',')}`);
       assert.ok(!b.methods.includes('tools/call'));
+    } finally {
+      await client.close();
+      await Promise.all([a.stop(), b.stop()]);
+      grpcA.close();
+      grpcB.close();
+    }
+  });
+
+  it('a notification queued for the task on A is delivered by tasks/result on B, then the result', async () => {
+    const grpcA = new CursorlogClient({ address: cursorlog.address });
+    const grpcB = new CursorlogClient({ address: cursorlog.address });
+    const servers: McpServer[] = [];
+    const a = new SdkReplica('A', new CursorlogTaskStore(grpcA), (_id, server) => servers.push(server), new CursorlogTaskMessageQueue(grpcA));
+    const b = new SdkReplica('B', new CursorlogTaskStore(grpcB), () => assert.fail('B ran the tool'), new CursorlogTaskMessageQueue(grpcB));
+    await Promise.all([a.start(), b.start()]);
+    const route: typeof fetch = async (input, init) => {
+      const method = typeof init?.body === 'string' ? (JSON.parse(init.body) as { method?: string }).method : undefined;
+      return fetch(method?.startsWith('tasks/') ? b.url : a.url, init);
+    };
+    const client = new Client({ name: 'tasks-e2e-queue', version: '1.0.0' }, { capabilities: {} });
+    const logs: unknown[] = [];
+    client.setNotificationHandler(LoggingMessageNotificationSchema, (n) => {
+      logs.push(n.params.data);
+    });
+    try {
+      await client.connect(new StreamableHTTPClientTransport(new URL(a.url), { fetch: route }));
+      const { task } = await client.request(
+        { method: 'tools/call', params: { name: 'slow', arguments: {}, task: { ttl: 60_000 } } },
+        CreateTaskResultSchema,
+      );
+      assert.equal(servers.length, 1);
+      // The worker on A, after the request's stateless server closed: straight into A's queue.
+      await a.queue!.enqueue(task.taskId, {
+        type: 'notification',
+        message: { jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: 'second from A', _meta: { 'io.modelcontextprotocol/related-task': { taskId: task.taskId } } } },
+        timestamp: Date.now(),
+      });
+      const result = client.experimental.tasks.getTaskResult(task.taskId, CallToolResultSchema);
+      await waitFor('both notifications through B', () => logs.length >= 2);
+      assert.deepEqual(logs, ['first from A', 'second from A']);
+      await a.store.storeTaskResult(task.taskId, 'completed', { content: [{ type: 'text', text: 'done after the queue' }] });
+      const got = await result;
+      assert.deepEqual(got.content, [{ type: 'text', text: 'done after the queue' }]);
+      assert.deepEqual(logs, ['first from A', 'second from A'], 'each queued message delivered once');
+      assert.ok(!a.methods.some((m) => m.startsWith('tasks/')), `A served ${a.methods.join(',')}`);
+      assert.ok(b.methods.includes('tasks/result'));
+      // B drained the queue when it returned the result.
+      assert.deepEqual(await new CursorlogTaskMessageQueue(grpcB).dequeueAll(task.taskId), []);
     } finally {
       await client.close();
       await Promise.all([a.stop(), b.stop()]);
