@@ -107,14 +107,18 @@ class InputSlot(_message.Message):
     def __init__(self, key: _Optional[str] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ...) -> None: ...
 
 class TaskView(_message.Message):
-    __slots__ = ("task", "outstanding", "outcome")
+    __slots__ = ("task", "outstanding", "outcome", "outbound_queued", "inbound_queued")
     TASK_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    OUTBOUND_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    INBOUND_QUEUED_FIELD_NUMBER: _ClassVar[int]
     task: Task
     outstanding: _containers.RepeatedCompositeFieldContainer[InputSlot]
     outcome: TaskOutcome
-    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., outstanding: _Optional[_Iterable[_Union[InputSlot, _Mapping]]] = ..., outcome: _Optional[_Union[TaskOutcome, _Mapping]] = ...) -> None: ...
+    outbound_queued: int
+    inbound_queued: int
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., outstanding: _Optional[_Iterable[_Union[InputSlot, _Mapping]]] = ..., outcome: _Optional[_Union[TaskOutcome, _Mapping]] = ..., outbound_queued: _Optional[int] = ..., inbound_queued: _Optional[int] = ...) -> None: ...
 
 class CreateTaskRequest(_message.Message):
     __slots__ = ("owner", "task_id", "request_key", "ttl_ms", "poll_interval_ms", "worker_lease_ms", "status_message", "context")
@@ -343,3 +347,63 @@ class KeepAliveTaskRequest(_message.Message):
 class KeepAliveTaskResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class EnqueueTaskMessageRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "channel", "message", "max_len", "dedupe_key", "correlation")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    DEDUPE_KEY_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    channel: int
+    message: bytes
+    max_len: int
+    dedupe_key: str
+    correlation: str
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., channel: _Optional[int] = ..., message: _Optional[bytes] = ..., max_len: _Optional[int] = ..., dedupe_key: _Optional[str] = ..., correlation: _Optional[str] = ...) -> None: ...
+
+class EnqueueTaskMessageResponse(_message.Message):
+    __slots__ = ("qseq", "duplicate")
+    QSEQ_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    qseq: int
+    duplicate: bool
+    def __init__(self, qseq: _Optional[int] = ..., duplicate: bool = ...) -> None: ...
+
+class DequeueTaskMessagesRequest(_message.Message):
+    __slots__ = ("owner", "task_id", "channel", "max_messages", "token")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    task_id: str
+    channel: int
+    max_messages: int
+    token: str
+    def __init__(self, owner: _Optional[str] = ..., task_id: _Optional[str] = ..., channel: _Optional[int] = ..., max_messages: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
+
+class QueuedTaskMessage(_message.Message):
+    __slots__ = ("qseq", "message", "at_ms", "correlation")
+    QSEQ_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_FIELD_NUMBER: _ClassVar[int]
+    qseq: int
+    message: bytes
+    at_ms: int
+    correlation: str
+    def __init__(self, qseq: _Optional[int] = ..., message: _Optional[bytes] = ..., at_ms: _Optional[int] = ..., correlation: _Optional[str] = ...) -> None: ...
+
+class DequeueTaskMessagesResponse(_message.Message):
+    __slots__ = ("messages", "duplicate")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[QueuedTaskMessage]
+    duplicate: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[QueuedTaskMessage, _Mapping]]] = ..., duplicate: bool = ...) -> None: ...

@@ -93,6 +93,16 @@ class TasksStub(object):
                 request_serializer=cursorlog_dot_v1_dot_tasks__pb2.KeepAliveTaskRequest.SerializeToString,
                 response_deserializer=cursorlog_dot_v1_dot_tasks__pb2.KeepAliveTaskResponse.FromString,
                 _registered_method=True)
+        self.EnqueueTaskMessage = channel.unary_unary(
+                '/cursorlog.v1.Tasks/EnqueueTaskMessage',
+                request_serializer=cursorlog_dot_v1_dot_tasks__pb2.EnqueueTaskMessageRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_tasks__pb2.EnqueueTaskMessageResponse.FromString,
+                _registered_method=True)
+        self.DequeueTaskMessages = channel.unary_unary(
+                '/cursorlog.v1.Tasks/DequeueTaskMessages',
+                request_serializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer(object):
@@ -201,6 +211,27 @@ class TasksServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EnqueueTaskMessage(self, request, context):
+        """Enqueues a message on one of the task's queues (the 2025 `TaskMessageQueue.enqueue`),
+        FIFO, durably. A retry with the same `dedupe_key` while the message is still queued is
+        `duplicate` and writes nothing. RESOURCE_EXHAUSTED when the queue holds `max_len`
+        messages (0: the server's bound) or its byte bound; NOT_FOUND for a task the owner
+        does not have (deleted included). A watch of the task sees each enqueue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DequeueTaskMessages(self, request, context):
+        """Takes the oldest messages of one of the task's queues without waiting: an empty queue
+        answers at once with none (and writes nothing). `token` makes it safe to retry: a
+        dequeue with the token of the last one answers its messages again (`duplicate`), so
+        after an unknown outcome no message is lost or delivered twice.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +289,16 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.KeepAliveTask,
                     request_deserializer=cursorlog_dot_v1_dot_tasks__pb2.KeepAliveTaskRequest.FromString,
                     response_serializer=cursorlog_dot_v1_dot_tasks__pb2.KeepAliveTaskResponse.SerializeToString,
+            ),
+            'EnqueueTaskMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnqueueTaskMessage,
+                    request_deserializer=cursorlog_dot_v1_dot_tasks__pb2.EnqueueTaskMessageRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_tasks__pb2.EnqueueTaskMessageResponse.SerializeToString,
+            ),
+            'DequeueTaskMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.DequeueTaskMessages,
+                    request_deserializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -561,6 +602,60 @@ class Tasks(object):
             '/cursorlog.v1.Tasks/KeepAliveTask',
             cursorlog_dot_v1_dot_tasks__pb2.KeepAliveTaskRequest.SerializeToString,
             cursorlog_dot_v1_dot_tasks__pb2.KeepAliveTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnqueueTaskMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursorlog.v1.Tasks/EnqueueTaskMessage',
+            cursorlog_dot_v1_dot_tasks__pb2.EnqueueTaskMessageRequest.SerializeToString,
+            cursorlog_dot_v1_dot_tasks__pb2.EnqueueTaskMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DequeueTaskMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursorlog.v1.Tasks/DequeueTaskMessages',
+            cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesRequest.SerializeToString,
+            cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesResponse.FromString,
             options,
             channel_credentials,
             insecure,
