@@ -10,7 +10,7 @@ import { describe, it } from 'node:test';
 import { PACKAGE_DIR } from './harness.js';
 
 describe('the npm package', () => {
-  it('ships proto/cursorlog.proto and loads it from there', async () => {
+  it('ships proto/cursorlog.proto and proto/tasks.proto and loads them from there', async () => {
     // Unpacked under the package dir, so its imports resolve through our node_modules.
     const dir = mkdtempSync(join(PACKAGE_DIR, 'dist', 'pack-'));
     try {
@@ -20,6 +20,9 @@ describe('the npm package', () => {
       const proto = (await import(join(dir, 'package', 'dist', 'src', 'proto.js'))) as typeof import('../src/proto.js');
       assert.equal(proto.protoPath(), join(dir, 'package', 'proto', 'cursorlog.proto'));
       assert.equal(typeof proto.loadClientConstructor(), 'function');
+      // The tasks service too (CursorlogTaskStore, CursorlogTaskMessageQueue).
+      assert.equal(proto.tasksProtoPath(), join(dir, 'package', 'proto', 'tasks.proto'));
+      assert.equal(typeof proto.loadTasksConstructor(), 'function');
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
