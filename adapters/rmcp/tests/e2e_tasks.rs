@@ -151,6 +151,7 @@ async fn a_task_started_on_a_is_found_and_answered_on_b() {
         .await
         .unwrap();
     assert_eq!(asking["status"], "input_required", "{asking}");
+    assert_eq!(asking["statusMessage"], "waiting for step 1", "{asking}");
     assert_eq!(
         asking["inputRequests"]["step-1"]["method"],
         "elicitation/create"

@@ -257,10 +257,13 @@ async fn multi_input(ctx: CursorlogTaskContext) -> Result<CallToolResult, TaskEx
     )))
 }
 
-/// Waits for `steps` answers in turn (keys `step-1`…), or a cancel; returns the answers.
+/// Waits for `steps` answers in turn (keys `step-1`…, each announced in the status message),
+/// or a cancel; returns the answers.
 async fn worker(ctx: CursorlogTaskContext, steps: u32) -> Result<CallToolResult, TaskExit> {
     let mut answers = Vec::new();
     for step in 1..=steps {
+        ctx.set_status_message(format!("waiting for step {step}"))
+            .await?;
         let answer = ctx
             .request_input(format!("step-{step}"), elicit(&format!("step {step}"))?)
             .await?;
