@@ -5,7 +5,8 @@
 #   bash adapters/python-tasks/ci.sh
 #
 # Environment: CARGO_TARGET_DIR (default <repo>/target) locates the binary and holds the venv
-# (<target>/py-tasks-venv); CURSORLOG_BIN overrides the binary; PYTEST_ARGS adds pytest arguments.
+# (<target>/py-tasks-venv); CURSORLOG_BIN overrides the binary; CURSORLOG_PROTO_ROOT the proto root
+# the stubs are checked against (default <repo>/proto/proto); PYTEST_ARGS adds pytest arguments.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -42,7 +43,7 @@ echo "--- pip check"
 "$venv/bin/python" -m pip check
 
 echo "--- checking the committed gRPC stubs against proto/"
-"$venv/bin/python" -m cursorlog_mcp_tasks.codegen --check --proto-root "$repo/proto/proto"
+"$venv/bin/python" -m cursorlog_mcp_tasks.codegen --check --proto-root "${CURSORLOG_PROTO_ROOT:-$repo/proto/proto}"
 
 echo "--- ruff (undefined names, unused imports, syntax)"
 "$venv/bin/ruff" check --quiet --select F,E9 "$here/src" "$here/tests" "$here/sdk_tests"
