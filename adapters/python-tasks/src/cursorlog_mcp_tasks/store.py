@@ -212,17 +212,18 @@ class CursorlogTaskStore(TaskStore):
         if status is not None and is_terminal(status):
             return await self._finish(task_id, status, status_message)
         for _ in range(8):
-            current = await self._found(task_id)
-            if is_terminal(_FROM_PB[current.status]):
-                if status is None and status_message is None:
-                    return to_mcp_task(current)
-                raise ValueError(f"Cannot transition from terminal status '{_FROM_PB[current.status]}'")
-            request = pb.UpdateTaskRequest(
-                owner=self.owner,
-                task_id=task_id,
-                expected_version=current.version,
-                status=_TO_PB[status] if status is not None else current.status,
-            )
+            request = pb.UpdateTaskRequest(owner=self.owner, task_id=task_id)
+            if status is not None:
+                request.status = _TO_PB[status]  # one call: the server refuses it for an ended task
+            else:
+                # Only a message: keep the status it has now, by compare-and-set on its version.
+                current = await self._found(task_id)
+                if is_terminal(_FROM_PB[current.status]):
+                    if status_message is None:
+                        return to_mcp_task(current)
+                    raise ValueError(f"Cannot transition from terminal status '{_FROM_PB[current.status]}'")
+                request.status = current.status
+                request.expected_version = current.version
             if status_message is not None:
                 request.status_message = status_message
             try:
