@@ -21,6 +21,7 @@ fn unknown() -> TaskView {
         task: None,
         outcome: None,
         outstanding: Vec::new(),
+        answered: Vec::new(),
         outbound_queued: 0,
         inbound_queued: 0,
     }
@@ -50,6 +51,7 @@ pub(crate) fn view_of(shared: &Shared, id: u64, include_outcome: bool) -> Result
             task: Some(meta),
             outcome: None,
             outstanding: Vec::new(),
+            answered: Vec::new(),
             outbound_queued: 0,
             inbound_queued: 0,
         });
@@ -62,11 +64,11 @@ pub(crate) fn view_of(shared: &Shared, id: u64, include_outcome: bool) -> Result
     } else {
         None
     };
-    let outstanding = index
+    let (outstanding, answered): (Vec<_>, Vec<_>) = index
         .task_slots(id)?
         .into_iter()
-        .filter(|s| s.state == SlotState::Outstanding)
-        .collect();
+        .filter(|s| s.state != SlotState::Dropped)
+        .partition(|s| s.state == SlotState::Outstanding);
     let waiting = |channel| -> Result<u64> {
         let q = index.queue_state(id, channel)?;
         Ok(q.tail - q.head)
@@ -76,6 +78,7 @@ pub(crate) fn view_of(shared: &Shared, id: u64, include_outcome: bool) -> Result
         task: Some(meta),
         outcome,
         outstanding,
+        answered,
         outbound_queued: waiting(OUTBOUND)?,
         inbound_queued: waiting(INBOUND)?,
     })

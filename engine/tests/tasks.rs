@@ -327,7 +327,21 @@ fn inputs_are_answered_exactly_once_and_the_last_answer_resumes_the_task() {
         })
         .unwrap();
     assert_eq!(last.task.status, TaskStatus::Working);
-    assert!(e.task(&t, false).unwrap().outstanding.is_empty());
+    let view = e.task(&t, false).unwrap();
+    assert!(view.outstanding.is_empty());
+    // The running replica reads the answers, each the first one given.
+    let answers: Vec<_> = view
+        .answered
+        .iter()
+        .map(|s| (s.key.as_str(), s.response.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            ("confirm", b"{\"action\":\"accept\"}".to_vec()),
+            ("pick", b"2".to_vec())
+        ]
+    );
     // A key is never reused in the task's life.
     assert!(matches!(
         e.request_task_input(TaskInputRequest {

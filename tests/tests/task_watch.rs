@@ -82,6 +82,13 @@ async fn a_watch_sees_an_answer_written_through_another_connection_then_the_end(
         .unwrap();
     let answered = next(&mut changes).await.unwrap();
     assert_eq!(task(&answered).version, 3);
+    let slot = &answered.view.as_ref().unwrap().answered[0];
+    assert_eq!(slot.key, "confirm");
+    assert_eq!(
+        slot.response.as_deref(),
+        Some(&b"{\"action\":\"accept\"}"[..]),
+        "the running replica reads the answer another connection gave"
+    );
     assert_eq!(task(&answered).status(), pb::TaskStatus::Working);
     elsewhere
         .finish_task(pb::FinishTaskRequest {

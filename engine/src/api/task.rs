@@ -186,6 +186,9 @@ pub struct TaskView {
     pub outcome: Option<TaskOutcome>,
     /// Its input requests still waiting for an answer.
     pub outstanding: Vec<InputSlot>,
+    /// Its input requests that were answered, with their answers (the running replica reads
+    /// an answer another replica took from here).
+    pub answered: Vec<InputSlot>,
     /// Messages waiting in its outbound queue (to the client).
     pub outbound_queued: u64,
     /// Messages waiting in its inbound queue (the client's answers).

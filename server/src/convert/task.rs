@@ -257,19 +257,23 @@ pub fn view(view: engine::TaskView) -> pb::GetTaskResponse {
         (Some(meta), true) => (meta.deleted_at_ms, status(meta.status)),
         _ => (None, pb::TaskStatus::Unspecified),
     };
-    let outstanding = view
-        .outstanding
-        .into_iter()
-        .map(|slot| pb::InputSlot {
-            key: slot.key,
-            request: slot.request,
-            response: slot.response,
-        })
-        .collect();
+    let slots = |slots: Vec<engine::InputSlot>| -> Vec<pb::InputSlot> {
+        slots
+            .into_iter()
+            .map(|slot| pb::InputSlot {
+                key: slot.key,
+                request: slot.request,
+                response: slot.response,
+            })
+            .collect()
+    };
+    let outstanding = slots(view.outstanding);
+    let answered = slots(view.answered);
     let (outbound_queued, inbound_queued) = (view.outbound_queued, view.inbound_queued);
     let task_view = view.task.map(|meta| pb::TaskView {
         task: Some(task(meta)),
         outstanding,
+        answered,
         outcome: view.outcome.and_then(outcome),
         outbound_queued,
         inbound_queued,
