@@ -23,11 +23,9 @@
 //! - `spawn` awaits the durable `CreateTask`, so it is `async` and fallible, and takes the
 //!   task's owner (rmcp's in-memory manager has no owners: its tasks are one process's).
 //! - `set_status_message` is a write, so it is `async` and returns its outcome.
-//! - An answer given through `tasks/update` on another replica must reach the replica that
-//!   runs the task; cursorlog's task view lists *outstanding* requests only, so the answering
-//!   replica also completes a stream `correlation = key` in the task's answer session
-//!   ([`answer_session`]) before it records the answer, and the worker reads it back with
-//!   `GetOutcome` once the key is no longer outstanding.
+//! - An answer given through `tasks/update` on another replica reaches the replica that runs
+//!   the task through cursorlog: the worker watches the task, and once the key is no longer
+//!   outstanding reads the answer from the task's answered input slots (`GetTask`).
 //! - rmcp's `ORIGINATING_REQUEST` scope (SEP-2260) is crate-private: a task's future does not
 //!   run inside its originating request's association scope.
 
@@ -58,13 +56,6 @@ pub(crate) type TasksRaw = TasksClient<InterceptedService<Channel, BearerToken>>
 
 fn tasks_raw(channel: Channel, token: &BearerToken) -> TasksRaw {
     TasksClient::with_interceptor(channel, token.clone())
-}
-
-/// The cursorlog session holding the answers of task `task_id` (one completed stream per
-/// answered key, `correlation` = the key). Task ids are server-made uuids, so no two owners
-/// share one.
-pub fn answer_session(task_id: &str) -> String {
-    format!("rmcp-task-in-{task_id}")
 }
 
 /// The owner of the tasks a request may see: `a:<sha256 of Authorization>` when the HTTP
@@ -244,7 +235,6 @@ impl CursorlogTaskManager {
             }
             let json = serde_json::to_vec(&value)
                 .map_err(|e| McpError::invalid_params(format!("inputResponses: {e}"), None))?;
-            self.deposit(task_id, &key, &json).await?;
             responses.insert(key, json);
         }
         if responses.is_empty() {
@@ -267,50 +257,6 @@ impl CursorlogTaskManager {
             Err(s) if s.code() == Code::NotFound => Err(unknown_task(task_id)),
             Err(s) => Err(internal("AnswerInput", &s)),
         }
-    }
-
-    /// Leaves `json`, the answer to `key`, where the task's worker reads it
-    /// ([`answer_session`]), before the answer is recorded.
-    async fn deposit(&self, task_id: &str, key: &str, json: &[u8]) -> Result<(), McpError> {
-        let session = answer_session(task_id);
-        let conn = &self.inner.conn;
-        let opened = conn
-            .open_session(pb::OpenSessionRequest {
-                session: session.clone(),
-                state: None,
-            })
-            .await
-            .map_err(|s| internal("OpenSession", &s))?
-            .into_inner();
-        let open = pb::OpenStreamRequest {
-            session: session.clone(),
-            epoch: opened.epoch,
-            correlation: Some(key.to_owned()),
-            lease_ms: None,
-        };
-        let stream = conn
-            .open_stream(open)
-            .await
-            .map_err(|s| internal("OpenStream", &s))?
-            .into_inner()
-            .stream;
-        let complete = pb::CompleteRequest {
-            session,
-            stream,
-            expected_next_seq: Some(1),
-            terminal: Some(pb::NewEvent {
-                kind: "input-response".into(),
-                correlation: Some(key.to_owned()),
-                payload: json.to_vec(),
-            }),
-        };
-        conn.call(Op::Keyed(true), |mut c| {
-            let r = complete.clone();
-            async move { c.complete(r).await }
-        })
-        .await
-        .map_err(|s| internal("Complete", &s))?;
-        Ok(())
     }
 
     /// `tasks/cancel`: records a cooperative cancel request; the task's worker, on whichever

@@ -13,7 +13,7 @@ use rmcp::ErrorData as McpError;
 use tokio::sync::watch;
 use tonic::Code;
 
-use super::{answer_session, internal, millis, Inner};
+use super::{internal, millis, Inner};
 use crate::failover::{refusal, Op};
 
 /// What the running future knows of its task (from the last `WatchTask` message).
@@ -101,25 +101,28 @@ impl CursorlogTaskContext {
         self.answer(&key).await
     }
 
-    /// Reads the answer to `key` left by the replica that took the `tasks/update`.
+    /// Reads the answer to `key` from the task's answered input slots, whichever replica
+    /// took the `tasks/update` (a linearizable read on the leader).
     async fn answer(&self, key: &str) -> Result<serde_json::Value, TaskExit> {
-        let request = pb::GetOutcomeRequest {
-            session: answer_session(&self.task_id),
-            correlation: key.to_owned(),
-            stream: None,
+        let request = pb::GetTaskRequest {
+            owner: self.owner.clone(),
+            task_id: self.task_id.clone(),
+            include_outcome: false,
         };
         let found = self
             .inner
-            .conn
-            .get_outcome(request)
+            .tasks(Op::Read, |mut c| {
+                let r = request.clone();
+                async move { c.get_task(r).await }
+            })
             .await
-            .map_err(|s| TaskExit::Error(internal("GetOutcome", &s)))?
-            .into_inner();
+            .map_err(|s| TaskExit::Error(internal("GetTask", &s)))?;
         let payload = found
-            .outcome
-            .and_then(|o| o.frame)
-            .map(|f| f.payload)
-            .filter(|_| found.found)
+            .view
+            .into_iter()
+            .flat_map(|v| v.answered)
+            .find(|slot| slot.key == key)
+            .and_then(|slot| slot.response)
             .ok_or_else(|| {
                 exit_error(format!("the answer to input request {key} is not readable"))
             })?;
