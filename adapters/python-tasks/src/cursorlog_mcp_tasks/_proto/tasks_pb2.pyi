@@ -107,18 +107,20 @@ class InputSlot(_message.Message):
     def __init__(self, key: _Optional[str] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ...) -> None: ...
 
 class TaskView(_message.Message):
-    __slots__ = ("task", "outstanding", "outcome", "outbound_queued", "inbound_queued")
+    __slots__ = ("task", "outstanding", "outcome", "outbound_queued", "inbound_queued", "answered")
     TASK_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     OUTBOUND_QUEUED_FIELD_NUMBER: _ClassVar[int]
     INBOUND_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
     task: Task
     outstanding: _containers.RepeatedCompositeFieldContainer[InputSlot]
     outcome: TaskOutcome
     outbound_queued: int
     inbound_queued: int
-    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., outstanding: _Optional[_Iterable[_Union[InputSlot, _Mapping]]] = ..., outcome: _Optional[_Union[TaskOutcome, _Mapping]] = ..., outbound_queued: _Optional[int] = ..., inbound_queued: _Optional[int] = ...) -> None: ...
+    answered: _containers.RepeatedCompositeFieldContainer[InputSlot]
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., outstanding: _Optional[_Iterable[_Union[InputSlot, _Mapping]]] = ..., outcome: _Optional[_Union[TaskOutcome, _Mapping]] = ..., outbound_queued: _Optional[int] = ..., inbound_queued: _Optional[int] = ..., answered: _Optional[_Iterable[_Union[InputSlot, _Mapping]]] = ...) -> None: ...
 
 class CreateTaskRequest(_message.Message):
     __slots__ = ("owner", "task_id", "request_key", "ttl_ms", "poll_interval_ms", "worker_lease_ms", "status_message", "context")
