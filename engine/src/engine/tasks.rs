@@ -142,7 +142,7 @@ impl Engine {
         written(self.task_write_async(TaskCommand::Finish(req)).await?)
     }
 
-    /// Deletes a task's content now; its tombstone answers [`TaskVerdict::Deleted`] until
+    /// Deletes a task's content now; its tombstone answers [`crate::TaskVerdict::Deleted`] until
     /// the metadata horizon.
     ///
     /// # Errors
