@@ -41,7 +41,7 @@ pub(crate) struct Reader {
 }
 
 /// Resolves when `cluster`'s member stops leading; never on a single node.
-async fn deposed(cluster: Option<&cursorlog_replication::ReplicatedNode>) {
+pub(crate) async fn deposed(cluster: Option<&cursorlog_replication::ReplicatedNode>) {
     match cluster {
         Some(node) => node.stopped_leading().await,
         None => std::future::pending().await,

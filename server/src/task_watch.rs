@@ -81,7 +81,7 @@ async fn run(
         }
         tokio::select! {
             () = tx.closed() => return,
-            () = deposed(cluster.as_ref()) => {
+            () = crate::reader::deposed(cluster.as_ref()) => {
                 let leader = cluster.as_ref().and_then(ReplicatedNode::leader_addr);
                 let status = crate::cluster::retry_is(
                     crate::cluster::with_leader(
@@ -100,13 +100,5 @@ async fn run(
                 }
             }
         }
-    }
-}
-
-/// Resolves when `cluster`'s member stops leading; never on a single node.
-async fn deposed(cluster: Option<&ReplicatedNode>) {
-    match cluster {
-        Some(node) => node.stopped_leading().await,
-        None => std::future::pending().await,
     }
 }

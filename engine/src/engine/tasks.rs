@@ -256,17 +256,12 @@ impl Engine {
     /// [`Error::UnknownTask`]; [`Error::TaskTerminated`].
     pub fn keep_task_alive(&self, task: &TaskRef) -> Result<()> {
         self.check_task_ref(task)?;
-        let index = &self.inner.shared.index;
-        let unknown = || Error::UnknownTask {
-            task_id: task.task_id.clone(),
-        };
-        let id = index
-            .task_by_task_id(&task.owner, &task.task_id)?
-            .ok_or_else(unknown)?;
-        let t = index
-            .stored_task(id)?
-            .filter(|t| !t.meta.is_deleted())
-            .ok_or_else(unknown)?;
+        let t = self
+            .inner
+            .shared
+            .index
+            .owned_task(&task.owner, &task.task_id)?;
+        let id = t.meta.id;
         if t.meta.status.is_terminal() {
             return Err(Error::TaskTerminated {
                 task_id: task.task_id.clone(),

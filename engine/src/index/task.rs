@@ -217,6 +217,18 @@ pub(crate) trait TaskRead: KvRead {
         Ok(id_value(self.raw_get(&task_id_key(owner, task_id))?))
     }
 
+    /// `owner`'s task `task_id`, unless it is unknown, another owner's or deleted: every such
+    /// case is [`crate::Error::UnknownTask`], so nobody learns that another owner's exists.
+    fn owned_task(&self, owner: &str, task_id: &str) -> Result<StoredTask> {
+        let unknown = || crate::error::Error::UnknownTask {
+            task_id: task_id.to_owned(),
+        };
+        let id = self.task_by_task_id(owner, task_id)?.ok_or_else(unknown)?;
+        self.stored_task(id)?
+            .filter(|t| !t.meta.is_deleted())
+            .ok_or_else(unknown)
+    }
+
     /// The id of the task `owner` created with `request_key` (until it is deleted).
     fn task_by_request_key(&self, owner: &str, request_key: &str) -> Result<Option<u64>> {
         Ok(id_value(

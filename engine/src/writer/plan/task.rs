@@ -523,16 +523,8 @@ fn error_outcome(message: &str) -> crate::task::TaskOutcome {
 
 /// The owner's task, not deleted: every other case is [`Error::UnknownTask`] (another
 /// owner's id included, so nobody learns that it exists).
-fn owned(txn: &Txn<'_>, task: &TaskRef) -> Result<StoredTask> {
-    let unknown = || Error::UnknownTask {
-        task_id: task.task_id.clone(),
-    };
-    let id = txn
-        .task_by_task_id(&task.owner, &task.task_id)?
-        .ok_or_else(unknown)?;
-    txn.stored_task(id)?
-        .filter(|t| !t.meta.is_deleted())
-        .ok_or_else(unknown)
+pub(super) fn owned(txn: &Txn<'_>, task: &TaskRef) -> Result<StoredTask> {
+    txn.owned_task(&task.owner, &task.task_id)
 }
 
 /// The owner's task, still running, at `expected_version` if one is given.

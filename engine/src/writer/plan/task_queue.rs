@@ -3,24 +3,12 @@
 //! takes the oldest messages without waiting (an empty queue answers at once and writes
 //! nothing), and a retry with its token gets the same batch again.
 
-use crate::api::{TaskDequeue, TaskDequeued, TaskEnqueue, TaskEnqueued, TaskRef};
+use super::task::owned;
+use crate::api::{TaskDequeue, TaskDequeued, TaskEnqueue, TaskEnqueued};
 use crate::error::{Error, Result};
-use crate::index::{StoredTask, TaskRead, Txn};
+use crate::index::{TaskRead, Txn};
 use crate::record::{Record, TaskDequeued as Dequeued, TaskQueued};
 use crate::writer::Writer;
-
-/// The owner's task, not deleted.
-fn owned(txn: &Txn<'_>, task: &TaskRef) -> Result<StoredTask> {
-    let unknown = || Error::UnknownTask {
-        task_id: task.task_id.clone(),
-    };
-    let id = txn
-        .task_by_task_id(&task.owner, &task.task_id)?
-        .ok_or_else(unknown)?;
-    txn.stored_task(id)?
-        .filter(|t| !t.meta.is_deleted())
-        .ok_or_else(unknown)
-}
 
 impl Writer {
     pub(in crate::writer) fn enqueue_task_message(
