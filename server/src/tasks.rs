@@ -247,4 +247,12 @@ impl Tasks for TasksService {
             .map_err(|e| status::from_engine(&e))?;
         Ok(Response::new(convert::dequeued(d)))
     }
+
+    async fn route_task_message(
+        &self,
+        _request: Request<pb::RouteTaskMessageRequest>,
+    ) -> Result<Response<pb::RouteTaskMessageResponse>, Status> {
+        // Placeholder while the engine's routing lands (issue 20, same session).
+        Err(Status::unimplemented("RouteTaskMessage is not built yet"))
+    }
 }

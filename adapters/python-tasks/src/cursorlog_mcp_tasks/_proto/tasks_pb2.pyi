@@ -376,6 +376,28 @@ class EnqueueTaskMessageResponse(_message.Message):
     duplicate: bool
     def __init__(self, qseq: _Optional[int] = ..., duplicate: bool = ...) -> None: ...
 
+class RouteTaskMessageRequest(_message.Message):
+    __slots__ = ("owner", "correlation", "message")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    correlation: str
+    message: bytes
+    def __init__(self, owner: _Optional[str] = ..., correlation: _Optional[str] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class RouteTaskMessageResponse(_message.Message):
+    __slots__ = ("routed", "task_id", "qseq", "duplicate")
+    ROUTED_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    QSEQ_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    routed: bool
+    task_id: str
+    qseq: int
+    duplicate: bool
+    def __init__(self, routed: bool = ..., task_id: _Optional[str] = ..., qseq: _Optional[int] = ..., duplicate: bool = ...) -> None: ...
+
 class DequeueTaskMessagesRequest(_message.Message):
     __slots__ = ("owner", "task_id", "channel", "max_messages", "token")
     OWNER_FIELD_NUMBER: _ClassVar[int]

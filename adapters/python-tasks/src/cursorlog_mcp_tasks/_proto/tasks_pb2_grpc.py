@@ -103,6 +103,11 @@ class TasksStub(object):
                 request_serializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesRequest.SerializeToString,
                 response_deserializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesResponse.FromString,
                 _registered_method=True)
+        self.RouteTaskMessage = channel.unary_unary(
+                '/cursorlog.v1.Tasks/RouteTaskMessage',
+                request_serializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer(object):
@@ -232,6 +237,19 @@ class TasksServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RouteTaskMessage(self, request, context):
+        """Routes a client's answer to the task that asked for it, whichever replica receives it.
+        An outbound message enqueued with a `correlation` (the JSON-RPC id of an elicitation or
+        sampling request) opens a route (owner, correlation) -> task; this call appends
+        `message` to that task's inbound queue (channel 1) and closes the route in the same log
+        entry, so an answer is routed exactly once. `routed` is false (nothing written) when the
+        owner has no open route for the correlation: never asked, already answered, or the task
+        was deleted. A retry of a routed call answers the same task and qseq as `duplicate`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +317,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.DequeueTaskMessages,
                     request_deserializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesRequest.FromString,
                     response_serializer=cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesResponse.SerializeToString,
+            ),
+            'RouteTaskMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RouteTaskMessage,
+                    request_deserializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -656,6 +679,33 @@ class Tasks(object):
             '/cursorlog.v1.Tasks/DequeueTaskMessages',
             cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesRequest.SerializeToString,
             cursorlog_dot_v1_dot_tasks__pb2.DequeueTaskMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouteTaskMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursorlog.v1.Tasks/RouteTaskMessage',
+            cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageRequest.SerializeToString,
+            cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
