@@ -121,8 +121,8 @@ pub struct ServeArgs {
     /// aborted); 0 never expires idle sessions.
     #[arg(long, env = "CURSORLOG_SESSION_IDLE_TTL_SECS", default_value_t = 3600)]
     pub session_idle_ttl_secs: u64,
-    /// Most Read calls (replaying or following) running at once; one more is refused with
-    /// RESOURCE_EXHAUSTED at once.
+    /// Most Read calls (replaying or following) and WatchTask calls running at once; one
+    /// more is refused with RESOURCE_EXHAUSTED at once.
     #[arg(
         long,
         env = "CURSORLOG_READ_CALLS_MAX",

@@ -1,7 +1,7 @@
-//! The cap on concurrent `Read` calls (`--read-calls-max`).
+//! The cap on concurrent `Read` and `WatchTask` calls (`--read-calls-max`).
 //!
-//! Every Read call, replaying or following, holds one slot from the moment it is admitted
-//! until its producer task ends. A call that finds every slot taken is refused at once with
+//! Every Read call, replaying or following, and every WatchTask call holds one slot from the
+//! moment it is admitted until its producer task ends. A call that finds every slot taken is refused at once with
 //! RESOURCE_EXHAUSTED: it is never queued, so a flood of followers cannot stall the server
 //! or the calls already admitted. The counts feed the metrics page and `Stats`.
 
@@ -65,8 +65,8 @@ impl ReadSlots {
             Err(_) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 Err(Status::resource_exhausted(format!(
-                    "too many concurrent Read calls: the server's limit is {} \
-                     (--read-calls-max); retry later or end idle follows",
+                    "too many concurrent Read and WatchTask calls: the server's limit is {} \
+                     (--read-calls-max); retry later or end idle follows and watches",
                     self.max
                 )))
             }

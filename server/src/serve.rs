@@ -377,9 +377,13 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     // Over-limit requests are RESOURCE_EXHAUSTED (tonic's own check says OUT_OF_RANGE).
     let cursorlog = FrameLimit::new(cursorlog, args.grpc_message_bytes_max);
     // Durable MCP tasks: same port, same limits, same interceptor (below).
-    let tasks = TasksServer::new(TasksService::new(engine.clone(), node.clone()))
-        .max_decoding_message_size(args.grpc_message_bytes_max)
-        .max_encoding_message_size(args.grpc_message_bytes_max);
+    let tasks = TasksServer::new(TasksService::new(
+        engine.clone(),
+        node.clone(),
+        Arc::clone(&metrics.reads),
+    ))
+    .max_decoding_message_size(args.grpc_message_bytes_max)
+    .max_encoding_message_size(args.grpc_message_bytes_max);
     let tasks = FrameLimit::new(tasks, args.grpc_message_bytes_max);
     let token = exposure.token.clone();
     let connections_max = args.connections_max;

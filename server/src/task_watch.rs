@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::convert::task as convert;
+use crate::read_slots::ReadSlot;
 use crate::status;
 
 /// The stream a WatchTask call answers with.
@@ -24,17 +25,23 @@ pub type WatchStream =
 const WATCH_BUFFER: usize = 4;
 
 /// Streams `watch`'s changes until the task's end, the client leaving, the engine closing
-/// or (on a cluster) this member no longer leading.
-pub fn stream(watch: TaskWatch, cluster: Option<ReplicatedNode>) -> WatchStream {
+/// or (on a cluster) this member no longer leading. `slot` (the call's place under
+/// `--read-calls-max`) is held until then.
+pub fn stream(watch: TaskWatch, cluster: Option<ReplicatedNode>, slot: ReadSlot) -> WatchStream {
     let (tx, rx) = mpsc::channel(WATCH_BUFFER);
-    tokio::spawn(run(watch, cluster, tx));
+    tokio::spawn(async move {
+        run(watch, cluster, &tx).await;
+        // The slot is free before the client can see the stream end.
+        drop(slot);
+        drop(tx);
+    });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 async fn run(
     mut watch: TaskWatch,
     cluster: Option<ReplicatedNode>,
-    tx: mpsc::Sender<Result<pb::GetTaskResponse, Status>>,
+    tx: &mpsc::Sender<Result<pb::GetTaskResponse, Status>>,
 ) {
     loop {
         // The poll reads the index: off the async workers.

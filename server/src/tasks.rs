@@ -8,6 +8,8 @@
 //! read right after a write through any replica sees it; they then read the index on the
 //! blocking pool.
 
+use std::sync::Arc;
+
 use cursorlog_engine::Engine;
 use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::tasks_server::Tasks;
@@ -15,6 +17,7 @@ use cursorlog_replication::ReplicatedNode;
 use tonic::{Request, Response, Status};
 
 use crate::convert::task as convert;
+use crate::read_slots::ReadSlots;
 use crate::service::run_blocking;
 use crate::status;
 
@@ -25,13 +28,20 @@ pub struct TasksService {
     /// The replicated node this service belongs to, if any: reads are served only once it
     /// proves it leads (see [`TasksService::linearizable`]).
     cluster: Option<ReplicatedNode>,
+    /// The cap on long-lived reads (`--read-calls-max`): a WatchTask holds a slot for its
+    /// life, as a following Read does, so watches cannot grow without bound.
+    reads: Arc<ReadSlots>,
 }
 
 impl TasksService {
     /// The service over `engine` of a single node (`cluster` `None`) or of a member of a
-    /// replicated cluster.
-    pub fn new(engine: Engine, cluster: Option<ReplicatedNode>) -> Self {
-        Self { engine, cluster }
+    /// replicated cluster; watches take their slots from `reads`, shared with `Read`.
+    pub fn new(engine: Engine, cluster: Option<ReplicatedNode>, reads: Arc<ReadSlots>) -> Self {
+        Self {
+            engine,
+            cluster,
+            reads,
+        }
     }
 
     /// On a cluster member: waits until a read here is linearizable (this node leads, a
@@ -199,11 +209,14 @@ impl Tasks for TasksService {
         let r = request.into_inner();
         let task = convert::task_ref(r.owner, r.task_id)?;
         let after = r.after_version;
+        // Admitted (or refused RESOURCE_EXHAUSTED) before any work, as a Read is.
+        let slot = self.reads.acquire()?;
         self.linearizable().await?;
         let watch = run_blocking(&self.engine, move |e| e.watch_task(&task, after)).await?;
         Ok(Response::new(crate::task_watch::stream(
             watch,
             self.cluster.clone(),
+            slot,
         )))
     }
 

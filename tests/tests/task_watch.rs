@@ -235,3 +235,39 @@ async fn a_queue_is_fifo_bounded_and_safe_to_retry_over_grpc() {
         Code::InvalidArgument
     );
 }
+
+/// Watches share the `--read-calls-max` slots with `Read`: one watch over the limit is
+/// refused at once, naming the flag, and the slot of a watch that ended is free again by the
+/// time its client sees the end (no retry loop needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_take_read_slots_and_free_them_when_they_end() {
+    let server = Server::start(&["--read-calls-max", "2"]);
+    let mut c = client(&server).await;
+    for id in ["w1", "w2", "w3"] {
+        c.create_task(create(id, None)).await.unwrap();
+    }
+    let mut first = c.watch_task(watch("w1", 0)).await.unwrap().into_inner();
+    let _second = c.watch_task(watch("w2", 0)).await.unwrap().into_inner();
+    let refused = c.watch_task(watch("w3", 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("--read-calls-max"),
+        "{refused:?}"
+    );
+
+    c.finish_task(pb::FinishTaskRequest {
+        owner: "s:a".into(),
+        task_id: "w1".into(),
+        status: pb::TaskStatus::Failed.into(),
+        outcome: Some(pb::TaskOutcome {
+            kind: pb::task_outcome::Kind::Error.into(),
+            json: b"{\"code\":-1,\"message\":\"x\"}".to_vec(),
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    while next(&mut first).await.is_some() {}
+    let mut third = c.watch_task(watch("w3", 0)).await.unwrap().into_inner();
+    assert_eq!(task(&next(&mut third).await.unwrap()).task_id, "w3");
+}
