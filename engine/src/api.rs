@@ -14,6 +14,7 @@ pub use task::{
     TaskDequeue, TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer,
     TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView, TaskWritten,
 };
+pub use task::{TaskRoute, TaskRouted};
 
 /// An event as handed in by a producer; cursorlog assigns its seq and time.
 #[derive(Debug, Clone, PartialEq, Eq)]

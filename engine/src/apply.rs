@@ -170,6 +170,7 @@ pub(crate) fn apply(
         Record::TaskDeleted(d) => task::deleted(txn, d)?,
         Record::TaskSnapshot(s) => task::snapshot(txn, lsn, s)?,
         Record::TaskForgotten(f) => task::forgotten(txn, f.id)?,
+        Record::TaskRoutes(r) => task::routes(txn, r)?,
         Record::SessionState(b) => {
             if b.state.is_empty() {
                 txn.remove_raw(session_state_key(&b.session));

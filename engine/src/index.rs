@@ -44,7 +44,8 @@ const INDEX_VERSION: &[u8] = b"Mindex_version";
 /// 1: one `E` key per run start. 2: run starts grouped in `E` chunks (see FORMAT.md).
 /// 3: format 2's frame offsets; `G` session states; `T` ended keys; `M` counts.
 /// 4: task keys (`K I Y P C D Z X`, markers of kind `K`); task counts in `M counts`.
-const INDEX_VERSION_VALUE: u32 = 4;
+/// 5: inbound routes (`W` owner, correlation; `V` id, correlation).
+const INDEX_VERSION_VALUE: u32 = 5;
 
 /// Typed reads shared by the index and the writer's overlay.
 pub(crate) trait KvRead {

@@ -74,6 +74,7 @@ pub use api::{
     TaskDequeue, TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer,
     TaskInputRequest, TaskPage, TaskRef, TaskVerdict, TaskView, TaskWritten,
 };
+pub use api::{TaskRoute, TaskRouted};
 /// The payload type of [`Event`], re-exported so callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -11,7 +11,7 @@ use crate::api::{
     Append, Appended, CreatedTask, EpochAdvanced, InputAnswered, NewEvent, NewTask, OpenStream,
     SessionExpired, SessionInfo, StreamInfo, TaskCancel, TaskCancelled, TaskChange, TaskDequeue,
     TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer, TaskInputRequest,
-    TaskRef, TaskWritten, Terminated,
+    TaskRef, TaskRoute, TaskRouted, TaskWritten, Terminated,
 };
 use crate::error::{Error, Result};
 use crate::shared::Shared;
@@ -86,6 +86,8 @@ pub(crate) enum TaskCommand {
     Delete(TaskRef),
     Enqueue(TaskEnqueue),
     Dequeue(TaskDequeue),
+    /// Routes a client's answer to the task that asked (the inbound channel).
+    Route(TaskRoute),
     /// The leader's TTL pass: fail the task `id` if it still runs past its deadline, or
     /// delete its content if it ended a TTL ago.
     Expire(u64),
@@ -105,6 +107,7 @@ impl TaskCommand {
             Self::Answer(a) => pairs(&a.responses),
             Self::Finish(f) => f.outcome.json.len() as u64,
             Self::Enqueue(q) => q.message.len() as u64,
+            Self::Route(r) => (r.correlation.len() + r.message.len()) as u64,
             Self::Dequeue(_) => 0,
             Self::Change(_)
             | Self::Cancel(_)
@@ -124,6 +127,7 @@ pub(crate) enum TaskReply {
     Cancelled(TaskCancelled),
     Enqueued(TaskEnqueued),
     Dequeued(TaskDequeued),
+    Routed(TaskRouted),
     /// What an expiry pass did to one task (`false`: nothing was due).
     Expired(bool),
 }

@@ -19,6 +19,7 @@ pub(crate) use task::{
     TaskDeleted, TaskDequeued, TaskEnded, TaskForgotten, TaskInputAnswered, TaskInputRequested,
     TaskQueued, TaskSnapshot, TaskUpdated,
 };
+pub(crate) use task::{RouteEntry, TaskRoutes};
 
 pub(crate) use wire::wire_codec;
 pub(crate) use wire::{decode_session, decode_stream, encode_session, encode_stream};
@@ -51,10 +52,11 @@ pub(crate) mod tag {
     pub const TASK_DELETED: u8 = 24;
     pub const TASK_SNAPSHOT: u8 = 25;
     pub const TASK_FORGOTTEN: u8 = 26;
+    pub const TASK_ROUTES: u8 = 27;
 
     /// Whether this build knows the record type.
     pub(crate) fn is_known(tag: u8) -> bool {
-        (SESSION_OPENED..=TASK_FORGOTTEN).contains(&tag)
+        (SESSION_OPENED..=TASK_ROUTES).contains(&tag)
     }
 }
 
@@ -187,6 +189,8 @@ pub(crate) enum Record {
     TaskSnapshot(TaskSnapshot),
     /// A deleted task past the metadata horizon is forgotten.
     TaskForgotten(TaskForgotten),
+    /// Carries a task's inbound routes forward, beside its snapshot.
+    TaskRoutes(TaskRoutes),
 }
 
 /// A session's opaque state, as set by the front-end.
@@ -277,6 +281,7 @@ impl Record {
             Self::TaskDeleted(_) => tag::TASK_DELETED,
             Self::TaskSnapshot(_) => tag::TASK_SNAPSHOT,
             Self::TaskForgotten(_) => tag::TASK_FORGOTTEN,
+            Self::TaskRoutes(_) => tag::TASK_ROUTES,
         }
     }
 
@@ -359,6 +364,7 @@ impl Record {
             Self::TaskDeleted(b) => codec::encode_into(b, out),
             Self::TaskSnapshot(b) => codec::encode_into(b, out),
             Self::TaskForgotten(b) => codec::encode_into(b, out),
+            Self::TaskRoutes(b) => codec::encode_into(b, out),
         }
     }
 
@@ -383,6 +389,7 @@ impl Record {
             Self::TaskDeleted(t) => Some(t.id),
             Self::TaskSnapshot(t) => Some(t.meta.id),
             Self::TaskForgotten(t) => Some(t.id),
+            Self::TaskRoutes(t) => Some(t.id),
             _ => None,
         }
     }
@@ -482,6 +489,7 @@ impl Record {
             tag::TASK_DELETED => Self::TaskDeleted(codec::decode(body)?),
             tag::TASK_SNAPSHOT => Self::TaskSnapshot(codec::decode(body)?),
             tag::TASK_FORGOTTEN => Self::TaskForgotten(codec::decode(body)?),
+            tag::TASK_ROUTES => Self::TaskRoutes(codec::decode(body)?),
             other => return Err(format!("unknown record type {other}")),
         })
     }

@@ -300,6 +300,7 @@ pub(crate) fn validate(
         Record::TaskDeleted(d) => task::deleted(txn, d)?,
         Record::TaskSnapshot(s) => task::snapshot(txn, s)?,
         Record::TaskForgotten(f) => task::forgotten(txn, f.id)?,
+        Record::TaskRoutes(r) => task::routes(txn, r)?,
     })
 }
 

@@ -263,9 +263,14 @@ impl Tasks for TasksService {
 
     async fn route_task_message(
         &self,
-        _request: Request<pb::RouteTaskMessageRequest>,
+        request: Request<pb::RouteTaskMessageRequest>,
     ) -> Result<Response<pb::RouteTaskMessageResponse>, Status> {
-        // Placeholder while the engine's routing lands (issue 20, same session).
-        Err(Status::unimplemented("RouteTaskMessage is not built yet"))
+        let req = convert::route(request.into_inner())?;
+        let r = self
+            .engine
+            .route_task_message_async(req)
+            .await
+            .map_err(|e| status::from_engine(&e))?;
+        Ok(Response::new(convert::routed(r)))
     }
 }

@@ -253,3 +253,29 @@ pub struct TaskDequeued {
     /// A retry of the last dequeue: these are its messages again.
     pub duplicate: bool,
 }
+
+/// Routes a client's answer to the task whose outbound request it answers, whichever replica
+/// received it (docs/TASKS-DESIGN.md §1.6, inbound channel).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRoute {
+    /// The owner the request was enqueued under.
+    pub owner: String,
+    /// The JSON-RPC id of the request being answered, as its outbound enqueue gave it.
+    pub correlation: String,
+    /// The client's answer (JSON bytes, never parsed).
+    pub message: Vec<u8>,
+}
+
+/// What a routing did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRouted {
+    /// False: no route leads anywhere for (owner, correlation) — never asked, its task ended
+    /// before the answer came, or was deleted; nothing was written.
+    pub routed: bool,
+    /// The task the answer went to (empty when not routed).
+    pub task_id: String,
+    /// The answer's place in the task's inbound queue (0 when not routed).
+    pub qseq: u64,
+    /// The answer had been routed before (a retry): nothing new was written.
+    pub duplicate: bool,
+}

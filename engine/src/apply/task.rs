@@ -4,15 +4,18 @@
 //! the snapshot then replaces every content key of the task.
 
 use crate::error::Result;
+use crate::index::TaskRoute;
 use crate::index::{
     ended_key, origin_key, owner_task_key, task_deadline_key, task_id_key, task_key, task_marker,
     task_outcome_key, task_request_key, task_slot_key, Counts, StoredTask, TaskRead, Txn,
 };
 use crate::record::{
     QueueSnapshot, TaskCreated, TaskDeleted, TaskDequeued, TaskEnded, TaskInputAnswered,
-    TaskInputRequested, TaskQueued, TaskSnapshot, TaskUpdated,
+    TaskInputRequested, TaskQueued, TaskRoutes, TaskSnapshot, TaskUpdated,
 };
-use crate::task::{InputSlot, OutcomeKind, QueuedMessage, SlotState, TaskMeta, TaskStatus};
+use crate::task::{
+    InputSlot, OutcomeKind, QueuedMessage, SlotState, TaskMeta, TaskStatus, INBOUND, OUTBOUND,
+};
 
 /// The task `id` as the index holds it, unless it is unknown or deleted.
 fn live(txn: &Txn<'_>, id: u64) -> Result<Option<StoredTask>> {
@@ -76,12 +79,15 @@ pub(super) fn created(txn: &mut Txn<'_>, lsn: u64, c: &TaskCreated) -> Result<()
 }
 
 pub(super) fn queued(txn: &mut Txn<'_>, q: &TaskQueued) -> Result<()> {
-    if live(txn, q.id)?.is_none() {
+    let Some(t) = live(txn, q.id)? else {
         return Ok(());
-    }
+    };
     let mut state = txn.queue_state(q.id, q.channel)?;
     if q.qseq <= state.tail {
         return Ok(());
+    }
+    if let Some(c) = &q.correlation {
+        route(txn, &t.meta.owner, c, q)?;
     }
     state.tail = q.qseq;
     state.bytes += q.message.len() as u64;
@@ -97,6 +103,58 @@ pub(super) fn queued(txn: &mut Txn<'_>, q: &TaskQueued) -> Result<()> {
         },
     );
     txn.put_queue_state(q.id, q.channel, &state);
+    Ok(())
+}
+
+/// The route side of a queued message with a correlation (docs/TASKS-DESIGN.md §1.6): an
+/// outbound request opens the route of its answer (unless the owner's correlation has one
+/// already); the inbound answer closes its task's open route, keeping the answer's qseq for a
+/// retry of the routing call.
+fn route(txn: &mut Txn<'_>, owner: &str, correlation: &str, q: &TaskQueued) -> Result<()> {
+    let current = txn.task_route(owner, correlation)?;
+    match q.channel {
+        OUTBOUND if current.is_none() => txn.put_task_route(
+            owner,
+            correlation,
+            TaskRoute {
+                id: q.id,
+                inbound_qseq: None,
+            },
+        ),
+        INBOUND => {
+            if let Some(r) = current.filter(|r| r.id == q.id && r.inbound_qseq.is_none()) {
+                txn.put_task_route(
+                    owner,
+                    correlation,
+                    TaskRoute {
+                        inbound_qseq: Some(q.qseq),
+                        ..r
+                    },
+                );
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Replaces the routes of a live task with those carried forward (after its snapshot).
+pub(super) fn routes(txn: &mut Txn<'_>, r: &TaskRoutes) -> Result<()> {
+    let Some(t) = live(txn, r.id)? else {
+        return Ok(());
+    };
+    let owner = &t.meta.owner;
+    txn.remove_task_routes(r.id, owner)?;
+    for e in &r.routes {
+        txn.put_task_route(
+            owner,
+            &e.correlation,
+            TaskRoute {
+                id: r.id,
+                inbound_qseq: e.inbound_qseq,
+            },
+        );
+    }
     Ok(())
 }
 
@@ -238,6 +296,7 @@ pub(super) fn deleted(txn: &mut Txn<'_>, d: &TaskDeleted) -> Result<()> {
         return Ok(());
     };
     drop_content(txn, &t.meta)?;
+    txn.remove_task_routes(d.id, &t.meta.owner)?;
     txn.count_owner_task(&t.meta.owner, -1)?;
     txn.count(Counts {
         live_tasks: -1,
@@ -252,7 +311,9 @@ pub(super) fn deleted(txn: &mut Txn<'_>, d: &TaskDeleted) -> Result<()> {
 }
 
 /// Removes what a deleted task no longer has: its outcome, inputs, queues, request key,
-/// listing entry and TTL key. Its record (the tombstone) and its task id stay. `meta` is the task
+/// listing entry and TTL key. Its record (the tombstone) and its task id stay. Its routes are
+/// not content a snapshot restates (they come in their own record after it): deletion and
+/// forgetting remove them. `meta` is the task
 /// as it was before deletion.
 fn drop_content(txn: &mut Txn<'_>, meta: &TaskMeta) -> Result<()> {
     txn.remove_raw(task_outcome_key(meta.id).to_vec());
@@ -299,6 +360,9 @@ fn put_whole(
         if old_live {
             drop_content(txn, &old.meta)?;
             txn.count_owner_task(&old.meta.owner, -1)?;
+            if meta.is_deleted() {
+                txn.remove_task_routes(id, &old.meta.owner)?;
+            }
         }
     }
     let live = !meta.is_deleted();
@@ -351,6 +415,7 @@ pub(super) fn forgotten(txn: &mut Txn<'_>, id: u64) -> Result<()> {
     let live = !t.meta.is_deleted();
     if live {
         drop_content(txn, &t.meta)?;
+        txn.remove_task_routes(id, &t.meta.owner)?;
         txn.count_owner_task(&t.meta.owner, -1)?;
     }
     if let Some(at) = t.meta.deleted_at_ms {

@@ -6,7 +6,7 @@
 use crate::api::{
     CreatedTask, InputAnswered, NewTask, TaskCancel, TaskCancelled, TaskChange, TaskDequeue,
     TaskDequeued, TaskEnqueue, TaskEnqueued, TaskFinish, TaskInputAnswer, TaskInputRequest,
-    TaskPage, TaskRef, TaskView, TaskWritten,
+    TaskPage, TaskRef, TaskRoute, TaskRouted, TaskView, TaskWritten,
 };
 use crate::error::{Error, Result};
 use crate::index::{owner_task_key, owner_tasks_prefix, TaskRead};
@@ -212,6 +212,54 @@ impl Engine {
         }
     }
 
+    /// Routes a client's answer to the task whose outbound request (enqueued with this
+    /// `correlation`) it answers: appends it to that task's inbound queue and closes the route
+    /// in the same record, so it is routed once, whichever replica the answer reached. A retry
+    /// after an unknown outcome answers the same task and qseq as `duplicate`. Not routed
+    /// (nothing written): no route of this owner has the correlation (never asked, another
+    /// owner's, its task deleted), or its task has ended.
+    ///
+    /// # Errors
+    /// [`Error::TaskQueueFull`] when the task's inbound queue is at the server's bounds;
+    /// invalid fields.
+    pub fn route_task_message(&self, req: TaskRoute) -> Result<TaskRouted> {
+        self.check_route(&req)?;
+        match self.task_write(TaskCommand::Route(req))? {
+            TaskReply::Routed(r) => Ok(r),
+            other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+        }
+    }
+
+    /// [`Engine::route_task_message`] for async callers.
+    ///
+    /// # Errors
+    /// As [`Engine::route_task_message`].
+    pub async fn route_task_message_async(&self, req: TaskRoute) -> Result<TaskRouted> {
+        self.check_route(&req)?;
+        match self.task_write_async(TaskCommand::Route(req)).await? {
+            TaskReply::Routed(r) => Ok(r),
+            other => Err(Error::Internal(format!("unexpected task reply {other:?}"))),
+        }
+    }
+
+    fn check_route(&self, req: &TaskRoute) -> Result<()> {
+        self.check_owner(&req.owner)?;
+        self.check_id("correlation", &req.correlation)?;
+        self.check_queue_message(&req.message)
+    }
+
+    fn check_queue_message(&self, message: &[u8]) -> Result<()> {
+        let limit = self.config().tasks.queue_bytes_max;
+        if message.len() as u64 > u64::from(limit) {
+            return Err(Error::TooLarge {
+                what: "task queue message (bytes)",
+                got: message.len() as u64,
+                limit: u64::from(limit),
+            });
+        }
+        Ok(())
+    }
+
     fn check_channel(channel: u8) -> Result<()> {
         if channel > crate::task::INBOUND {
             return Err(Error::invalid(
@@ -231,15 +279,7 @@ impl Engine {
         if let Some(c) = &req.correlation {
             self.check_id("correlation", c)?;
         }
-        let limit = self.config().tasks.queue_bytes_max;
-        if req.message.len() as u64 > u64::from(limit) {
-            return Err(Error::TooLarge {
-                what: "task queue message (bytes)",
-                got: req.message.len() as u64,
-                limit: u64::from(limit),
-            });
-        }
-        Ok(())
+        self.check_queue_message(&req.message)
     }
 
     fn check_dequeue(&self, req: &TaskDequeue) -> Result<()> {

@@ -24,6 +24,8 @@ pub(crate) mod prefix {
     pub const TASK_QUEUE: u8 = b'Q';
     pub const TASK_BATCH: u8 = b'B';
     pub const TASK_DEDUPE: u8 = b'U';
+    pub const TASK_ROUTE: u8 = b'W';
+    pub const TASK_ROUTES: u8 = b'V';
 }
 
 pub(crate) fn session_key(id: &str) -> Vec<u8> {

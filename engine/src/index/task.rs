@@ -8,7 +8,7 @@ use super::{KvRead, Txn};
 use crate::error::Result;
 use crate::record::{
     decode_message, decode_queue_state, decode_slot, decode_task, encode_message,
-    encode_queue_state, encode_slot, encode_task, wire_codec, QueueSnapshot,
+    encode_queue_state, encode_slot, encode_task, wire_codec, QueueSnapshot, RouteEntry,
 };
 use crate::task::{InputSlot, QueueState, QueuedMessage, TaskMeta, INBOUND, OUTBOUND};
 
@@ -161,6 +161,37 @@ pub(crate) fn queue_dedupe_key(id: u64, channel: u8, dedupe: &str) -> Vec<u8> {
     let mut k = id_channel_key(prefix::TASK_DEDUPE, id, channel).to_vec();
     k.extend_from_slice(dedupe.as_bytes());
     k
+}
+
+/// `W` owner, correlation: the inbound route of the answer to an outbound request
+/// (docs/TASKS-DESIGN.md §1.6). Owner-scoped, so another owner's correlation never matches.
+pub(crate) fn task_route_key(owner: &str, correlation: &str) -> Vec<u8> {
+    let mut k = session_scoped(prefix::TASK_ROUTE, owner);
+    k.extend_from_slice(correlation.as_bytes());
+    k
+}
+
+/// `V` id: the correlations of a task's routes (to carry them forward and drop them).
+pub(crate) fn task_routes_prefix(id: u64) -> [u8; 9] {
+    let mut k = [prefix::TASK_ROUTES; 9];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `V` id, correlation.
+pub(crate) fn task_routes_key(id: u64, correlation: &str) -> Vec<u8> {
+    let mut k = task_routes_prefix(id).to_vec();
+    k.extend_from_slice(correlation.as_bytes());
+    k
+}
+
+/// Where an inbound route leads: the task, and the qseq of the inbound message that answered
+/// it (`None`: open, waiting for its answer). A closed route stays until the task is deleted,
+/// so a retry of the routing call finds its answer (`duplicate`) instead of nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bincode::Encode, bincode::Decode)]
+pub(crate) struct TaskRoute {
+    pub id: u64,
+    pub inbound_qseq: Option<u64>,
 }
 
 /// A queued message as an index value.
@@ -320,6 +351,36 @@ pub(crate) trait TaskRead: KvRead {
         Ok(queues)
     }
 
+    /// The route of `owner`'s `correlation`, open or closed.
+    fn task_route(&self, owner: &str, correlation: &str) -> Result<Option<TaskRoute>> {
+        let k = task_route_key(owner, correlation);
+        self.raw_get(&k)?
+            .map(|v| decode_value::<TaskRoute>(&k, &v))
+            .transpose()
+    }
+
+    /// Every route of task `id` (of `owner`), by correlation, as a [`crate::record::TaskRoutes`]
+    /// carries them.
+    fn task_routes(&self, id: u64, owner: &str) -> Result<Vec<RouteEntry>> {
+        let prefix = task_routes_prefix(id);
+        let mut routes = Vec::new();
+        for (k, _) in self.raw_scan(&prefix)? {
+            let correlation = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            if let Some(r) = self.task_route(owner, &correlation)? {
+                routes.push(RouteEntry {
+                    correlation,
+                    inbound_qseq: r.inbound_qseq,
+                });
+            }
+        }
+        Ok(routes)
+    }
+
+    /// How many routes task `id` holds (open and closed).
+    fn task_route_count(&self, id: u64) -> Result<usize> {
+        Ok(self.raw_scan(&task_routes_prefix(id))?.len())
+    }
+
     /// Every input slot of a task, by key.
     fn task_slots(&self, id: u64) -> Result<Vec<InputSlot>> {
         self.raw_scan(&task_slots_prefix(id))?
@@ -390,6 +451,28 @@ impl Txn<'_> {
             }
             self.remove_raw(queue_state_key(id, channel).to_vec());
             self.remove_raw(queue_batch_key(id, channel).to_vec());
+        }
+        Ok(())
+    }
+
+    /// Sets the route of `owner`'s `correlation`.
+    pub(crate) fn put_task_route(&mut self, owner: &str, correlation: &str, route: TaskRoute) {
+        self.put_raw(task_route_key(owner, correlation), encode_value(&route));
+        self.put_raw(task_routes_key(route.id, correlation), Vec::new());
+    }
+
+    /// Removes every route of task `id` (of `owner`).
+    pub(crate) fn remove_task_routes(&mut self, id: u64, owner: &str) -> Result<()> {
+        let prefix = task_routes_prefix(id);
+        for (k, _) in self.raw_scan(&prefix)? {
+            let correlation = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            if self
+                .task_route(owner, &correlation)?
+                .is_some_and(|r| r.id == id)
+            {
+                self.remove_raw(task_route_key(owner, &correlation));
+            }
+            self.remove_raw(k);
         }
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! The bodies of the task records (tags 16–26) and the private encoding of [`TaskMeta`] and [`InputSlot`], field by
+//! The bodies of the task records (tags 16–27) and the private encoding of [`TaskMeta`] and [`InputSlot`], field by
 //! field in the order FORMAT.md "Record bodies" gives. Enums are written as one `u8` code; a
 //! code this build does not know does not decode.
 
@@ -413,4 +413,21 @@ wire_codec!(
 pub(crate) struct TaskForgotten {
     pub id: u64,
     pub at_ms: u64,
+}
+
+/// One inbound route of a task as [`TaskRoutes`] carries it: the correlation (the JSON-RPC
+/// id of the outbound request), and the qseq of the inbound message that answered it
+/// (`None`: still open).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct RouteEntry {
+    pub correlation: String,
+    pub inbound_qseq: Option<u64>,
+}
+
+/// A task's inbound routes, carried forward beside its [`TaskSnapshot`] (tag 27; written only
+/// when the task has routes). Applied after the snapshot, it replaces the task's routes.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct TaskRoutes {
+    pub id: u64,
+    pub routes: Vec<RouteEntry>,
 }

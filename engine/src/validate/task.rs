@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::index::{StoredTask, TaskRead, Txn};
 use crate::record::{
     TaskCancelRequested, TaskCreated, TaskDeleted, TaskDequeued, TaskEnded, TaskInputAnswered,
-    TaskInputRequested, TaskQueued, TaskSnapshot, TaskUpdated,
+    TaskInputRequested, TaskQueued, TaskRoutes, TaskSnapshot, TaskUpdated,
 };
 use crate::task::{may_move, EndCause, SlotState, TaskRemoval, TaskStatus, INBOUND};
 
@@ -193,11 +193,26 @@ fn queue_rule(id: u64, channel: u8, why: String) -> Rule {
 }
 
 pub(super) fn queued(txn: &Txn<'_>, q: &TaskQueued) -> Result<Rule> {
-    if let Err(e) = present(txn, q.id)? {
-        return Ok(Err(e));
-    }
+    let t = match present(txn, q.id)? {
+        Err(e) => return Ok(Err(e)),
+        Ok(t) => t,
+    };
     if q.channel > INBOUND {
         return Ok(queue_rule(q.id, q.channel, "no such channel".into()));
+    }
+    // An inbound answer with a correlation is a routed one: it needs its task's route open,
+    // so a duplicated or deposed leader's routing entry cannot route the answer twice.
+    if let (INBOUND, Some(c)) = (q.channel, &q.correlation) {
+        let open = txn
+            .task_route(&t.meta.owner, c)?
+            .is_some_and(|r| r.id == q.id && r.inbound_qseq.is_none());
+        if !open {
+            return Ok(queue_rule(
+                q.id,
+                q.channel,
+                format!("no open route for correlation {c:?}"),
+            ));
+        }
     }
     let state = txn.queue_state(q.id, q.channel)?;
     Ok(if state.tail.checked_add(1) != Some(q.qseq) {
@@ -278,6 +293,18 @@ pub(super) fn snapshot(txn: &Txn<'_>, s: &TaskSnapshot) -> Result<Rule> {
             Err(Rejection::StaleSnapshot(format!("task {id}")))
         }
         Some(_) => Ok(()),
+    })
+}
+
+/// Routes carried forward must restate the task's routes exactly (like a snapshot), so a
+/// stale one cannot reopen a route that was answered since.
+pub(super) fn routes(txn: &Txn<'_>, r: &TaskRoutes) -> Result<Rule> {
+    Ok(match present(txn, r.id)? {
+        Err(e) => Err(e),
+        Ok(t) if txn.task_routes(r.id, &t.meta.owner)? != r.routes => {
+            Err(Rejection::StaleSnapshot(format!("routes of task {}", r.id)))
+        }
+        Ok(_) => Ok(()),
     })
 }
 

@@ -5,7 +5,9 @@
 use super::Writer;
 use crate::error::Result;
 use crate::index::{ended_key, origin_key, parse_marker_key, KvRead, Marked, TaskRead, Txn};
-use crate::record::{Record, SessionStateBody, StreamSnapshot, TaskForgotten, TaskSnapshot};
+use crate::record::{
+    Record, SessionStateBody, StreamSnapshot, TaskForgotten, TaskRoutes, TaskSnapshot,
+};
 use crate::verdict::past_horizon;
 
 impl Writer {
@@ -82,13 +84,20 @@ impl Writer {
                     if past_horizon(t.meta.deleted_at_ms, now, horizon) {
                         vec![Record::TaskForgotten(TaskForgotten { id, at_ms: now })]
                     } else {
-                        // Its whole content lives in the index and goes forward with it.
-                        vec![Record::TaskSnapshot(TaskSnapshot {
+                        // Its whole content lives in the index and goes forward with it; its
+                        // inbound routes in a record of their own after it (so the snapshot's
+                        // body stays what format 3 wrote).
+                        let routes = txn.task_routes(id, &t.meta.owner)?;
+                        let mut r = vec![Record::TaskSnapshot(TaskSnapshot {
                             outcome: txn.task_outcome(id)?,
                             slots: txn.task_slots(id)?,
                             queues: txn.task_queues(id)?,
                             meta: t.meta,
-                        })]
+                        })];
+                        if !routes.is_empty() {
+                            r.push(Record::TaskRoutes(TaskRoutes { id, routes }));
+                        }
+                        r
                     }
                 }
             };

@@ -398,6 +398,28 @@ pub fn dequeued(d: engine::TaskDequeued) -> pb::DequeueTaskMessagesResponse {
     }
 }
 
+/// A routing request (the inbound channel).
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming `correlation` when it is empty.
+pub fn route(r: pb::RouteTaskMessageRequest) -> Result<engine::TaskRoute, Status> {
+    Ok(engine::TaskRoute {
+        owner: r.owner,
+        correlation: required_str("correlation", r.correlation)?,
+        message: r.message,
+    })
+}
+
+/// A routing's answer.
+pub fn routed(r: engine::TaskRouted) -> pb::RouteTaskMessageResponse {
+    pb::RouteTaskMessageResponse {
+        routed: r.routed,
+        task_id: r.task_id,
+        qseq: r.qseq,
+        duplicate: r.duplicate,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

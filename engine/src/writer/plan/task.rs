@@ -48,6 +48,9 @@ impl Writer {
             TaskCommand::Dequeue(req) => {
                 TaskReply::Dequeued(self.dequeue_task_messages(req, txn, buf, now)?)
             }
+            TaskCommand::Route(req) => {
+                TaskReply::Routed(self.route_task_message(req, txn, buf, now)?)
+            }
             TaskCommand::Expire(id) => TaskReply::Expired(self.expire_task(id, txn, buf, now)?),
             TaskCommand::LeaseExpired(id) => {
                 TaskReply::Expired(self.fail_leaseless_task(id, txn, buf, now)?)
