@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::format::{BODY_BYTES_MAX, PAYLOAD_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 use crate::fs::{FileSystem, StdFs};
 use crate::lost::LostWrites;
-use crate::mailbox::{send, wait, Command, Mailbox, Reply};
+use crate::mailbox::{send, wait, Command, Mailbox, Reply, TaskCommand, TaskReply};
 use crate::recovery::{recover, RecoveryReport};
 use crate::shared::Shared;
 use crate::state::{SessionMeta, StreamMeta, StreamState};
@@ -257,9 +257,10 @@ impl Engine {
         let shutdown = Arc::new(AtomicBool::new(false));
         let mut report = rec.report;
         if let Some(lost) = &rec.lost {
-            let (streams, sessions) = fence_lost(&shared, &tx, lost)?;
-            report.streams_fenced += streams;
-            report.sessions_fenced = sessions;
+            let fenced = fence_lost(&shared, &tx, lost)?;
+            report.streams_fenced += fenced.streams;
+            report.sessions_fenced = fenced.sessions;
+            report.tasks_fenced = fenced.tasks;
         }
         if rec.previous.is_some_and(|p| p.may_have_lost_acknowledged()) {
             report.streams_fenced += fence_open_streams(&shared, &tx)?;
@@ -549,11 +550,24 @@ fn abort_stream(shared: &Shared, tx: &Mailbox, stream: u64, reason: &str) -> Res
     }
 }
 
+/// What [`fence_lost`] did.
+struct Fenced {
+    streams: u64,
+    sessions: u64,
+    tasks: u64,
+}
+
+/// Blank records in one padding group (see [`fence_lost`]).
+const PAD_GROUP_MAX: usize = 4096;
+
 /// Fences what the log lost that the index remembered (see [`crate::lost`]): ends the
 /// streams that lost events at the head that survived, and moves the sessions that lost a
 /// stream or an epoch past every epoch a client may hold, so a lost stream's id, given to a
-/// new stream, can never match an old cursor. Returns (streams ended, sessions moved).
-fn fence_lost(shared: &Shared, tx: &Mailbox, lost: &LostWrites) -> Result<(u64, u64)> {
+/// new stream, can never match an old cursor. Fails the tasks that lost a change at a
+/// version past every one a client may have seen, and pads the log with blank records past
+/// the id of every task whose creation was lost (a task's id is its creation's LSN), so no
+/// new task takes it.
+fn fence_lost(shared: &Shared, tx: &Mailbox, lost: &LostWrites) -> Result<Fenced> {
     let mut ended = 0;
     for stream in &lost.streams_to_end {
         let reason = "events of this stream that had been acknowledged are missing from the \
@@ -571,7 +585,49 @@ fn fence_lost(shared: &Shared, tx: &Mailbox, lost: &LostWrites) -> Result<(u64, 
         }
         moved += 1;
     }
-    Ok((ended, moved))
+    let through_lsn = lost.task_ids_through();
+    let pad = || TaskCommand::PadLsns {
+        through_lsn,
+        max: PAD_GROUP_MAX,
+    };
+    while through_lsn > 0 && !task_decision(shared, tx, pad())? {}
+    let mut tasks = 0;
+    for (id, past_version) in &lost.tasks_to_end {
+        let fence = TaskCommand::Fence {
+            id: *id,
+            past_version: *past_version,
+        };
+        tasks += u64::from(task_decision(shared, tx, fence)?);
+    }
+    if tasks > 0 || through_lsn > 0 {
+        tracing::warn!(
+            tasks_failed = tasks,
+            task_ids_padded_through = through_lsn,
+            "failed the tasks that lost acknowledged changes (cause: fenced), and kept the ids \
+             of tasks whose creation was lost from being issued again"
+        );
+    }
+    if ended + moved + tasks > 0 || through_lsn > 0 {
+        crate::mailbox::submit(tx, shared, Command::Sync)?;
+    }
+    Ok(Fenced {
+        streams: ended,
+        sessions: moved,
+        tasks,
+    })
+}
+
+/// Submits a recovery task command; its answer (`Expired(done)`).
+fn task_decision(shared: &Shared, tx: &Mailbox, cmd: TaskCommand) -> Result<bool> {
+    match crate::mailbox::submit(tx, shared, Command::Task(cmd))? {
+        Reply::Task(r) => match *r {
+            TaskReply::Expired(done) => Ok(done),
+            other => Err(Error::Internal(format!(
+                "unexpected writer reply {other:?} to a recovery task command"
+            ))),
+        },
+        other => Err(unexpected(&other)),
+    }
 }
 
 fn unexpected(reply: &Reply) -> Error {

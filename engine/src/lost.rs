@@ -7,14 +7,17 @@
 //! hand). Under `interval`/`never` the same gap is the unsynced tail a power loss took.
 //! Either way the log is the truth and the index is rebuilt from it, but first this module
 //! takes note of what the index knew, so the next open can end every stream that lost
-//! events and move every session that lost a stream or an epoch to a new epoch: no seq,
-//! stream id or epoch that a client may hold is ever given to something else.
+//! events and move every session that lost a stream or an epoch to a new epoch, fail every
+//! task that lost a change (past every version a client may have seen), and pad the log past
+//! every task id it lost: no seq, stream id, epoch, task version or task id that a client may
+//! hold is ever given to something else.
 
 use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::index::Index;
+use crate::index::{prefix, Index, TaskRead};
 use crate::state::StreamState;
+use crate::task::TaskStatus;
 
 /// What the index knew before it was rebuilt, as much as is needed to find what was lost.
 #[derive(Debug, Default)]
@@ -23,6 +26,18 @@ pub(crate) struct Remembered {
     sessions: HashMap<String, u64>,
     /// Streams the index held: id, session, head, state.
     streams: Vec<(u64, String, u64, StreamState)>,
+    /// Tasks the index held: id, owner, version, status, deleted.
+    tasks: Vec<RememberedTask>,
+}
+
+/// What the index knew of one task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RememberedTask {
+    id: u64,
+    owner: String,
+    version: u64,
+    status: TaskStatus,
+    deleted: bool,
 }
 
 impl Remembered {
@@ -41,8 +56,38 @@ impl Remembered {
             .into_iter()
             .map(|s| (s.meta.id, s.meta.session, s.meta.head, s.meta.state))
             .collect();
-        Ok(Self { sessions, streams })
+        Ok(Self {
+            sessions,
+            streams,
+            tasks: tasks_of(index)?,
+        })
     }
+}
+
+/// Every task `index` remembers (tombstones included).
+fn tasks_of(index: &Index) -> Result<Vec<RememberedTask>> {
+    let mut tasks = Vec::new();
+    index.for_each_with_prefix(&[prefix::TASK], |k, _| {
+        let Some(id) = k
+            .get(1..9)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes)
+        else {
+            return Ok(());
+        };
+        if let Some(t) = index.stored_task(id)? {
+            let deleted = t.meta.is_deleted();
+            tasks.push(RememberedTask {
+                id,
+                owner: t.meta.owner,
+                version: t.meta.version,
+                status: t.meta.status,
+                deleted,
+            });
+        }
+        Ok(())
+    })?;
+    Ok(tasks)
 }
 
 /// Acknowledged writes the log no longer holds, and what the next open does about them.
@@ -63,12 +108,30 @@ pub(crate) struct LostWrites {
     pub streams_vanished: u64,
     /// Sessions the index knew that the log holds nothing of (`UNKNOWN_SESSION` now).
     pub sessions_vanished: u64,
+    /// Tasks the rebuilt log holds running at an earlier version than the index knew (or
+    /// running where the index knew them ended), with the version the index knew: each is
+    /// failed (`EndCause::Fenced`) at a version past it, so no client that saw a later
+    /// version or an end sees the task go back, or end twice with different outcomes.
+    pub tasks_to_end: Vec<(u64, u64)>,
+    /// Tasks whose creation the log lost, as (id, owner): their ids are LSNs the log will
+    /// issue again, so the log is padded past the highest before anything else is written.
+    pub tasks_vanished: Vec<(u64, String)>,
 }
 
 impl LostWrites {
     /// Records the index had applied that the log no longer holds.
     pub(crate) fn records(&self) -> u64 {
         self.applied_lsn.saturating_sub(self.last_lsn)
+    }
+
+    /// The LSN the log must reach before a task may be created: the highest id of a task
+    /// whose creation was lost (0: none was).
+    pub(crate) fn task_ids_through(&self) -> u64 {
+        self.tasks_vanished
+            .iter()
+            .map(|(id, _)| *id)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -135,5 +198,29 @@ pub(crate) fn compare(
     sessions.sort();
     lost.sessions_to_advance = sessions;
     lost.streams_to_end.sort_unstable();
+    compare_tasks(before, rebuilt, &mut lost)?;
     Ok(lost)
+}
+
+/// The task half of [`compare`]. The rebuilt log is a prefix of the history the index had
+/// applied, so a task it holds ended (or deleted) ended the same way before; only a task it
+/// holds running can have lost a change.
+fn compare_tasks(before: &Remembered, rebuilt: &Index, lost: &mut LostWrites) -> Result<()> {
+    for t in &before.tasks {
+        match rebuilt.stored_task(t.id)? {
+            None => lost.tasks_vanished.push((t.id, t.owner.clone())),
+            Some(now) => {
+                let running = !now.meta.is_deleted() && !now.meta.status.is_terminal();
+                let was_further = now.meta.version < t.version
+                    || t.deleted
+                    || t.status.is_terminal() && t.status != now.meta.status;
+                if running && was_further {
+                    lost.tasks_to_end.push((t.id, t.version));
+                }
+            }
+        }
+    }
+    lost.tasks_to_end.sort_unstable();
+    lost.tasks_vanished.sort_unstable();
+    Ok(())
 }

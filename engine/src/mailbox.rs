@@ -93,6 +93,19 @@ pub(crate) enum TaskCommand {
     Expire(u64),
     /// The leader's lease pass: fail the task `id`, whose worker stopped renewing its lease.
     LeaseExpired(u64),
+    /// Recovery's lost-write fencing (`lost.rs`): fail the task `id`, still running, at a
+    /// version past `past_version` (the last one the lost index knew).
+    Fence {
+        id: u64,
+        past_version: u64,
+    },
+    /// Recovery's lost-write fencing: write blank records (at most `max` in one group) until
+    /// the log's last LSN reaches `through_lsn`, so no task is created with the id of a task
+    /// whose creation was lost. Answers `Expired(true)` once the log is there.
+    PadLsns {
+        through_lsn: u64,
+        max: usize,
+    },
 }
 
 impl TaskCommand {
@@ -113,7 +126,9 @@ impl TaskCommand {
             | Self::Cancel(_)
             | Self::Delete(_)
             | Self::Expire(_)
-            | Self::LeaseExpired(_) => 0,
+            | Self::LeaseExpired(_)
+            | Self::Fence { .. }
+            | Self::PadLsns { .. } => 0,
         }
     }
 }

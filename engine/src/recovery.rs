@@ -45,6 +45,9 @@ pub struct RecoveryReport {
     pub lost_records: u64,
     /// Sessions moved to a new epoch because the log lost one of their streams or epochs.
     pub sessions_fenced: u64,
+    /// Running tasks failed (`EndCause::Fenced`) because the log lost acknowledged changes
+    /// of theirs.
+    pub tasks_fenced: u64,
     /// Time taken.
     pub elapsed: Duration,
     /// The last LSN in the log after recovery.
@@ -91,6 +94,13 @@ impl std::fmt::Display for RecoveryReport {
                 f,
                 ", {} open streams ended (events may have been lost)",
                 self.streams_fenced
+            )?;
+        }
+        if self.tasks_fenced > 0 {
+            write!(
+                f,
+                ", {} running tasks failed (acknowledged changes of theirs were lost)",
+                self.tasks_fenced
             )?;
         }
         write!(f, ", in {} ms", self.elapsed.as_millis())
@@ -237,12 +247,15 @@ fn log_lost(lost: &LostWrites, previous: Option<PreviousRun>) {
             sessions_moved_to_a_new_epoch = lost.sessions_to_advance.len(),
             streams_vanished = lost.streams_vanished,
             sessions_vanished = lost.sessions_vanished,
+            tasks_failed = lost.tasks_to_end.len(),
+            tasks_vanished = lost.tasks_vanished.len(),
             "ACKNOWLEDGED DATA LOST: the index had applied records the log no longer holds, \
              under sync=always (each was fsynced before it was acknowledged). The disk lost \
              synced writes (a device or controller that does not honour fsync, or a file \
              changed outside cursorlog). Streams that lost events are ended and sessions that \
-             lost a stream or an epoch move to a new epoch, so no id is ever reused; check the \
-             disk's write cache settings and `cursorlog verify`."
+             lost a stream or an epoch move to a new epoch, tasks that lost a change fail \
+             (cause: fenced) and the ids of tasks whose creation was lost are skipped, so no id \
+             is ever reused; check the disk's write cache settings and `cursorlog verify`."
         );
     } else {
         tracing::warn!(
@@ -251,8 +264,10 @@ fn log_lost(lost: &LostWrites, previous: Option<PreviousRun>) {
             records = lost.records(),
             streams_ended = lost.streams_to_end.len(),
             sessions_moved_to_a_new_epoch = lost.sessions_to_advance.len(),
-            "the unsynced tail of the log was lost (sync=interval/never): the streams and \
-             sessions that lost events are fenced so no id is reused"
+            tasks_failed = lost.tasks_to_end.len(),
+            tasks_vanished = lost.tasks_vanished.len(),
+            "the unsynced tail of the log was lost (sync=interval/never): the streams, \
+             sessions and tasks that lost changes are fenced so no id is reused"
         );
     }
 }

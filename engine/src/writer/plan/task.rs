@@ -55,6 +55,12 @@ impl Writer {
             TaskCommand::LeaseExpired(id) => {
                 TaskReply::Expired(self.fail_leaseless_task(id, txn, buf, now)?)
             }
+            TaskCommand::Fence { id, past_version } => {
+                TaskReply::Expired(self.fence_task(id, past_version, txn, buf, now)?)
+            }
+            TaskCommand::PadLsns { through_lsn, max } => {
+                TaskReply::Expired(self.pad_lsns(through_lsn, max, txn, buf)?)
+            }
         };
         Ok(Reply::Task(Box::new(reply)))
     }
@@ -505,6 +511,72 @@ impl Writer {
             buf,
         )?;
         Ok(true)
+    }
+}
+
+impl Writer {
+    /// Recovery's decision for task `id`, which lost acknowledged changes (`lost.rs`): still
+    /// running, it fails (`Fenced`) at a version past `past_version`, the last one a client
+    /// may have seen; blank changes (its own status again) carry the version there first, so
+    /// a watcher of a lost version hears the end. False if it is no longer running.
+    fn fence_task(
+        &mut self,
+        id: u64,
+        past_version: u64,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+        now: u64,
+    ) -> Result<bool> {
+        let Some(t) = txn
+            .stored_task(id)?
+            .filter(|t| !t.meta.is_deleted() && !t.meta.status.is_terminal())
+        else {
+            return Ok(false);
+        };
+        self.shared.task_leases.remove(id);
+        let why = "task failed: changes to it that had been acknowledged were lost at a crash";
+        let mut records: Vec<Record> = (t.meta.version + 1..=past_version)
+            .map(|version| {
+                Record::TaskUpdated(TaskUpdated {
+                    id,
+                    version,
+                    status: t.meta.status,
+                    status_message: None,
+                    ttl_ms: None,
+                    poll_interval_ms: None,
+                    at_ms: now,
+                })
+            })
+            .collect();
+        records.push(Record::TaskEnded(TaskEnded {
+            id,
+            version: t.meta.version.max(past_version) + 1,
+            status: TaskStatus::Failed,
+            cause: EndCause::Fenced,
+            status_message: Some(why.into()),
+            outcome: error_outcome(why),
+            at_ms: now,
+        }));
+        self.emit(records, txn, buf)?;
+        Ok(true)
+    }
+
+    /// Recovery's padding (`lost.rs`): blank records, at most `max`, towards `through_lsn`.
+    /// True once the log's last LSN is at or past it.
+    fn pad_lsns(
+        &mut self,
+        through_lsn: u64,
+        max: usize,
+        txn: &mut Txn<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Result<bool> {
+        let next = self.log.next_lsn();
+        let missing = (through_lsn + 1).saturating_sub(next);
+        let n = usize::try_from(missing).unwrap_or(usize::MAX).min(max);
+        if n > 0 {
+            self.emit(vec![Record::Blank; n], txn, buf)?;
+        }
+        Ok(next + n as u64 > through_lsn)
     }
 }
 
