@@ -3,7 +3,7 @@
  * typed errors, and `Read` as an async iterator that can be cancelled.
  */
 import * as grpc from '@grpc/grpc-js';
-import { loadClientConstructor, loadTasksConstructor, TASK_RPCS, type AppendResponse, type ReadRequest, type ReadResponse, type Rpcs, type TaskRpcs } from './proto.js';
+import { loadClientConstructor, loadTasksConstructor, TASK_RPCS, type AppendResponse, type PbGetTaskResponse, type ReadRequest, type ReadResponse, type Rpcs, type TaskRpcs } from './proto.js';
 
 /** Every unary RPC this client calls: the event log's and the tasks service's. */
 export type AllRpcs = Rpcs & TaskRpcs;
@@ -198,6 +198,33 @@ export class CursorlogClient {
     const method = (client as unknown as Record<string, (r: unknown, m: grpc.Metadata) => grpc.ClientReadableStream<ReadResponse>>)['Read'];
     if (method === undefined) throw new CursorlogMcpError('cursorlog has no RPC Read');
     return { address, stream: method.call(client, request, this.metadata) };
+  }
+
+  /**
+   * Starts one `WatchTask` call (server streaming: the task now, then after each change) on
+   * the member believed to lead. Not re-routed: a caller that sees it fail with `UNAVAILABLE`
+   * reports it with {@link failedOn} and watches again from the last version it received (a
+   * state watch loses nothing).
+   */
+  openWatchTask(request: { owner: string; taskId: string; afterVersion?: string }): { address: string; stream: grpc.ClientReadableStream<PbGetTaskResponse> } {
+    const address = this.router.current;
+    const client = this.taskChannel(address);
+    const method = (client as unknown as Record<string, (r: unknown, m: grpc.Metadata) => grpc.ClientReadableStream<PbGetTaskResponse>>)['WatchTask'];
+    if (method === undefined) throw new CursorlogMcpError('cursorlog has no RPC WatchTask');
+    return { address, stream: method.call(client, request, this.metadata) };
+  }
+
+  /**
+   * A streaming call to `address` failed: how long to wait (ms) before opening it again, or
+   * `undefined` when it is not worth another attempt (not `UNAVAILABLE`, one member and no
+   * leader hint, or this client is closed). Moves {@link router} as a unary call would.
+   */
+  failedOn(address: string, error: unknown): number | undefined {
+    const e = error as Partial<grpc.ServiceError>;
+    if (e.code !== grpc.status.UNAVAILABLE) return undefined;
+    const { leader, retry } = hints(e);
+    if (!this.reroutes(leader, retry)) return undefined;
+    return this.router.failed(address, leader);
   }
 
   /** Whether an UNAVAILABLE with these headers is worth another attempt (see {@link single}). */

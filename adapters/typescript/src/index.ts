@@ -38,3 +38,4 @@ export {
   type TaskStoreOptions,
 } from './tasks.js';
 export { CursorlogTaskMessageQueue, TaskQueueFullError, type TaskMessageQueueOptions } from './task-queue.js';
+export { TASK_REQUEST_ID_PREFIX, type TaskAnswersStats } from './task-answers.js';

@@ -219,6 +219,10 @@ export interface TaskRpcs {
     { owner: string; taskId: string; channel: number; maxMessages?: number; token: string },
     { messages?: { qseq?: U64; message?: Buffer; atMs?: U64; correlation?: string }[]; duplicate?: boolean },
   ];
+  RouteTaskMessage: [
+    { owner: string; correlation: string; message: Buffer },
+    { routed?: boolean; taskId?: string; qseq?: U64; duplicate?: boolean },
+  ];
 }
 
 /** The names of {@link TaskRpcs}: these go to the `Tasks` service, every other RPC to `CursorLog`. */
@@ -236,6 +240,7 @@ export const TASK_RPCS: ReadonlySet<string> = new Set([
   'KeepAliveTask',
   'EnqueueTaskMessage',
   'DequeueTaskMessages',
+  'RouteTaskMessage',
 ]);
 
 export type PbTaskStatus = 'TASK_STATUS_UNSPECIFIED' | 'WORKING' | 'INPUT_REQUIRED' | 'COMPLETED' | 'FAILED' | 'CANCELLED';
@@ -264,7 +269,7 @@ export interface PbTaskOutcome {
 
 export interface PbGetTaskResponse {
   verdict: PbTaskVerdict;
-  view?: { task?: PbTask; outcome?: PbTaskOutcome };
+  view?: { task?: PbTask; outcome?: PbTaskOutcome; outboundQueued?: U64; inboundQueued?: U64 };
   deletedAtMs?: U64;
   finalStatus?: PbTaskStatus;
 }

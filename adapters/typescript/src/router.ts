@@ -16,11 +16,12 @@ export type RetryHint = 'safe' | 'outcome-unknown' | undefined;
 /**
  * Tasks RPCs always safe to resend (tasks.proto "Retry classes"): the reads, `CreateTask` (by
  * its `request_key`), `FinishTask` (a restated end is `duplicate`), `AnswerInput` (answered keys
- * are ignored), `CancelTask` (an ended task is acknowledged) and `KeepAliveTask`. Not
+ * are ignored), `CancelTask` (an ended task is acknowledged), `KeepAliveTask` and
+ * `RouteTaskMessage` (a resent route of an answer is `duplicate`). Not
  * `UpdateTask` without `expected_version`, `RequestInput` or `DeleteTask` (a second delete is
  * NOT_FOUND).
  */
-const TASK_ALWAYS = ['GetTask', 'ListTasks', 'CreateTask', 'FinishTask', 'AnswerInput', 'CancelTask', 'KeepAliveTask'];
+const TASK_ALWAYS = ['GetTask', 'ListTasks', 'WatchTask', 'CreateTask', 'FinishTask', 'AnswerInput', 'CancelTask', 'KeepAliveTask', 'RouteTaskMessage'];
 
 /**
  * Calls always safe to resend: the reads that give verdicts (served by the leader only),

@@ -13,6 +13,19 @@
  * - `_webStandardTransport` of the Node `StreamableHTTPServerTransport`.
  * - `send` passed to `replayEventsAfter` keeps writing to the response after the call
  *   returned (the detached tail).
+ *
+ * And of `Protocol` (`shared/protocol.js`, the base of `Server`), for answers to a task's
+ * requests that reach another replica (src/task-answers.ts):
+ * - `_taskMessageQueue`: the queue `_enqueueTaskMessage` (hence `request(…, { relatedTask })`)
+ *   writes to and the `tasks/result` handler reads from; {@link checkProtocol} lets the
+ *   adapter put a per-server view of the same queue there, which knows the server.
+ * - `_responseHandlers: Map<number, handler>`: a request waits for its answer while its id is
+ *   in it (a timeout, an abort or a close removes it); `_requestResolvers` holds the task
+ *   requests' resolvers under the same id. `_onresponse` looks both up by `Number(id)`, and is
+ *   what the transport's `onmessage` calls for a response.
+ * - `_requestMessageId` counts from 0 in every instance: two servers (two replicas, or one per
+ *   request on a stateless server) use the same ids, hence the adapter's own ids for queued
+ *   task requests.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -87,4 +100,52 @@ export function requestIdsOfStream(t: TransportInternals, streamId: string): (st
   const ids: (string | number)[] = [];
   for (const [id, sid] of t._requestToStreamMapping) if (sid === streamId) ids.push(id);
   return ids;
+}
+
+/** What the adapter uses of an SDK `Protocol` (a `Server`, or the `server` of an `McpServer`). */
+export interface ProtocolInternals {
+  _taskMessageQueue?: unknown;
+  _responseHandlers: Map<number, unknown>;
+  _requestResolvers: Map<string | number, unknown>;
+  _requestMessageId: number;
+  readonly transport?: { onmessage?: (message: unknown, extra?: unknown) => void };
+}
+
+/**
+ * The `Protocol` of an `McpServer` (its `server`) or of a `Server` itself, checked for every
+ * internal the adapter uses ({@link ProtocolInternals}); throws {@link SdkCompatibilityError}.
+ */
+export function checkProtocol(server: object): ProtocolInternals {
+  const own = server as Partial<ProtocolInternals>;
+  const inner = (own._responseHandlers === undefined ? (server as { server?: object }).server : server) ?? server;
+  const p = inner as Partial<ProtocolInternals> & { _onresponse?: unknown; _enqueueTaskMessage?: unknown };
+  const missing: string[] = [];
+  if (!(p._responseHandlers instanceof Map)) missing.push('_responseHandlers');
+  if (!(p._requestResolvers instanceof Map)) missing.push('_requestResolvers');
+  if (typeof p._requestMessageId !== 'number') missing.push('_requestMessageId');
+  if (typeof p._onresponse !== 'function') missing.push('_onresponse');
+  if (typeof p._enqueueTaskMessage !== 'function') missing.push('_enqueueTaskMessage');
+  if (!('_taskMessageQueue' in p)) missing.push('_taskMessageQueue');
+  if (missing.length > 0) {
+    throw new SdkCompatibilityError(
+      `@modelcontextprotocol/sdk ${installedSdkVersion()} lacks ${missing.join(', ')} on its Protocol; @cursorlog/mcp supports ${SUPPORTED_SDK_RANGE}`,
+    );
+  }
+  return p as ProtocolInternals;
+}
+
+/** True while the SDK waits for the answer to its request `id` (as its `_onresponse` looks it up: `Number(id)`). */
+export function awaitsResponse(p: ProtocolInternals, id: string | number): boolean {
+  const n = Number(id);
+  return p._responseHandlers.has(n) || p._requestResolvers.has(n);
+}
+
+/** True while the SDK's request `id` still has a handler (not answered, timed out, aborted, or closed). */
+export function waitsForResponse(p: ProtocolInternals, id: string | number): boolean {
+  return p._responseHandlers.has(Number(id));
+}
+
+/** Puts `queue` where the server's `_enqueueTaskMessage` and `tasks/result` handler find theirs. */
+export function replaceTaskMessageQueue(p: ProtocolInternals, queue: unknown): void {
+  p._taskMessageQueue = queue;
 }

@@ -16,6 +16,7 @@ import { CursorlogError, CursorlogMcpError } from './client.js';
 import type { Cursorlog } from './core.js';
 import { checkTransport } from './sdk-internals.js';
 import type { SessionEventStore } from './store.js';
+import type { CursorlogTaskMessageQueue } from './task-queue.js';
 
 /** Anything the SDK can connect a transport to (`McpServer`, `Server`). */
 export interface Connectable {
@@ -36,6 +37,12 @@ export interface SessionsOptions {
   sessionIdGenerator?: () => string;
   /** How long a session known in this process is trusted before cursorlog is asked again whether it still lives, ms (default 1 000). */
   verifyAfterMs?: number;
+  /**
+   * The `taskMessageQueue` every server of `createServer` is built with: each server is
+   * attached to it, and a POSTed answer to a task's request is routed to the replica that
+   * asked (see `CursorlogTaskMessageQueue.attach` / `routeAnswers`).
+   */
+  taskMessageQueue?: CursorlogTaskMessageQueue;
 }
 
 /** What cursorlog keeps with a session (`OpenSession.state`), for any replica to restore it. */
@@ -132,6 +139,16 @@ export class CursorlogSessions {
       jsonError(res, 404, -32001, 'Session not found');
       return;
     }
+    const queue = this.options.taskMessageQueue;
+    if (queue !== undefined && req.method === 'POST') {
+      try {
+        // Answers to another replica's task requests go to that task; the SDK answers the rest.
+        body = await queue.routeAnswers(body, sessionId, live.server);
+      } catch (error) {
+        jsonError(res, 503, -32603, `cannot route the answer to its task: ${(error as Error).message}`);
+        return;
+      }
+    }
     await live.transport.handleRequest(req, res, body);
   }
 
@@ -177,6 +194,7 @@ export class CursorlogSessions {
     });
     store.attach(transport);
     const live: Live = { transport, server: this.options.createServer(), store, verifiedAt: Date.now() };
+    this.options.taskMessageQueue?.attach(live.server);
     store.onSessionGone = () => {
       if (this.live.get(sessionId) === live) this.live.delete(sessionId);
       void live.transport.close();

@@ -7,8 +7,21 @@ import { describe, it } from 'node:test';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { WebStandardStreamableHTTPServerTransport, type EventStore } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
-import type { JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js';
-import { checkTransport, installedSdkVersion, requestIdsOfStream, sdkVersionSupported } from '../src/sdk-internals.js';
+import { InMemoryTaskStore, type QueuedMessage, type TaskMessageQueue } from '@modelcontextprotocol/sdk/experimental/tasks';
+import { InMemoryTransport } from '@modelcontextprotocol/sdk/inMemory.js';
+import { Server } from '@modelcontextprotocol/sdk/server/index.js';
+import { ElicitResultSchema, McpError, type JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js';
+import {
+  awaitsResponse,
+  checkProtocol,
+  checkTransport,
+  installedSdkVersion,
+  replaceTaskMessageQueue,
+  requestIdsOfStream,
+  SdkCompatibilityError,
+  sdkVersionSupported,
+  waitsForResponse,
+} from '../src/sdk-internals.js';
 
 const PROTOCOL = '2025-11-25';
 const note = (n: number): JSONRPCMessage => ({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: n } });
@@ -132,5 +145,92 @@ describe('SDK internals relied on (@modelcontextprotocol/sdk 1.32.x)', () => {
     const second = await t.handleRequest(get(sid, 'known-2'));
     assert.equal(second.status, 409);
     await first.body!.cancel();
+  });
+});
+
+/** A queue that records what the server queues (and hands nothing back). */
+class RecordingQueue implements TaskMessageQueue {
+  readonly queued: { taskId: string; message: QueuedMessage; waiting: boolean }[] = [];
+  constructor(private readonly server?: Server) {}
+  async enqueue(taskId: string, message: QueuedMessage): Promise<void> {
+    const id = (message.message as { id?: number }).id;
+    this.queued.push({ taskId, message, waiting: this.server !== undefined && id !== undefined && waitsForResponse(checkProtocol(this.server), id) });
+  }
+  async dequeue(): Promise<QueuedMessage | undefined> {
+    return undefined;
+  }
+  async dequeueAll(): Promise<QueuedMessage[]> {
+    return [];
+  }
+}
+
+async function taskServer(): Promise<{ server: Server; queue: RecordingQueue }> {
+  const placeholder = new RecordingQueue();
+  const server = new Server({ name: 'probe', version: '1' }, { capabilities: {}, taskStore: new InMemoryTaskStore(), taskMessageQueue: placeholder });
+  const queue = new RecordingQueue(server);
+  const p = checkProtocol(server);
+  assert.equal(p._taskMessageQueue, placeholder, '_taskMessageQueue is the queue the server was built with');
+  replaceTaskMessageQueue(p, queue);
+  const [serverSide] = InMemoryTransport.createLinkedPair();
+  await server.connect(serverSide);
+  return { server, queue };
+}
+
+const ELICIT = { method: 'elicitation/create' as const, params: { mode: 'form' as const, message: 'name?', requestedSchema: { type: 'object' as const, properties: {} } } };
+
+describe('SDK Protocol internals relied on for task answers (src/task-answers.ts)', () => {
+  it('checkProtocol finds the Protocol of an McpServer and of a Server; refuses anything else', () => {
+    const mcp = new McpServer({ name: 'p', version: '1' });
+    assert.equal(checkProtocol(mcp), mcp.server);
+    const server = new Server({ name: 'p', version: '1' });
+    assert.equal(checkProtocol(server), server);
+    assert.throws(() => checkProtocol({}), (e: unknown) => e instanceof SdkCompatibilityError && /_responseHandlers, _requestResolvers, _requestMessageId, _onresponse, _enqueueTaskMessage, _taskMessageQueue/.test(e.message));
+  });
+
+  it('every server numbers its requests from 0 (so ids collide across replicas: the adapter gives queued ones its own)', async () => {
+    const one = await taskServer();
+    const two = await taskServer();
+    void one.server.request(ELICIT, ElicitResultSchema, { relatedTask: { taskId: 't1' } }).catch(() => undefined);
+    void two.server.request(ELICIT, ElicitResultSchema, { relatedTask: { taskId: 't2' } }).catch(() => undefined);
+    await new Promise((r) => setImmediate(r));
+    assert.equal((one.queue.queued[0]?.message.message as { id?: number }).id, 0);
+    assert.equal((two.queue.queued[0]?.message.message as { id?: number }).id, 0);
+    await one.server.close();
+    await two.server.close();
+  });
+
+  it('a task request goes to the replaced _taskMessageQueue while it waits; its answer through transport.onmessage resolves it', async () => {
+    const { server, queue } = await taskServer();
+    const asked = server.request(ELICIT, ElicitResultSchema, { relatedTask: { taskId: 'task-1' } });
+    await new Promise((r) => setImmediate(r));
+    const [entry] = queue.queued;
+    assert.equal(entry?.taskId, 'task-1');
+    assert.equal(entry?.message.type, 'request');
+    assert.ok(entry?.waiting, 'the response handler is registered before the request is queued');
+    const id = (entry!.message.message as { id: number }).id;
+    const p = checkProtocol(server);
+    assert.ok(awaitsResponse(p, id) && awaitsResponse(p, String(id)), 'looked up by Number(id), as _onresponse does');
+    assert.ok(!awaitsResponse(p, 'cursorlog-task-x') && !awaitsResponse(p, id + 1));
+    p.transport!.onmessage!({ jsonrpc: '2.0', id, result: { action: 'accept', content: {} } });
+    assert.deepEqual(await asked, { action: 'accept', content: {} });
+    // The resolver is used once; (1.32 quirk) its response handler stays until the request's timeout fires.
+    assert.ok(!p._requestResolvers.has(id));
+    await server.close();
+  });
+
+  it('an error answer rejects the request with its code; a timed-out request no longer waits', async () => {
+    const { server } = await taskServer();
+    const p = checkProtocol(server);
+    const failing = server.request(ELICIT, ElicitResultSchema, { relatedTask: { taskId: 'task-2' } });
+    await new Promise((r) => setImmediate(r));
+    const id = p._requestMessageId - 1;
+    p.transport!.onmessage!({ jsonrpc: '2.0', id, error: { code: -32603, message: 'Task cancelled or completed' } });
+    await assert.rejects(failing, (e: unknown) => e instanceof McpError && e.code === -32603 && /Task cancelled or completed/.test(e.message));
+    const timing = server.request(ELICIT, ElicitResultSchema, { relatedTask: { taskId: 'task-3' }, timeout: 1 });
+    const late = p._requestMessageId - 1;
+    assert.ok(waitsForResponse(p, late));
+    await assert.rejects(timing, /timed out/);
+    assert.ok(!waitsForResponse(p, late), 'a timeout removes the response handler');
+    await server.close();
   });
 });
