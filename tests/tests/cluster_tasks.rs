@@ -1,7 +1,8 @@
 //! Tasks on a three-member cluster, with real processes (issue 20 item 5): a task polled
 //! across a failover of cursorlog itself never goes backwards (no `completed`, then
-//! `working`; no version seen twice with different content), and of a cancel racing a
-//! completion exactly one ends the task, the same status on the next leader.
+//! `working`; no version seen twice with different content), of a cancel racing a
+//! completion exactly one ends the task, the same status on the next leader, and a follower
+//! points task calls to the leader.
 
 #![allow(clippy::unwrap_used)]
 
@@ -20,6 +21,7 @@ type Client = TasksClient<Channel>;
 const WAIT: Duration = Duration::from_secs(90);
 
 struct Cluster {
+    addrs: Vec<String>,
     nodes: Vec<Server>,
     _dirs: Vec<tempfile::TempDir>,
     clients: Vec<Client>,
@@ -39,6 +41,7 @@ impl Cluster {
             clients.push(TasksClient::new(node.channel().await));
         }
         Self {
+            addrs,
             nodes,
             _dirs: dirs,
             clients,
@@ -305,4 +308,54 @@ async fn of_a_cancel_racing_a_completion_one_wins_and_the_next_leader_agrees() {
     };
     let again = on_leader(&mut c, |cl| finish(cl, loser)).await.unwrap_err();
     assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+}
+
+/// A follower answers task reads and writes as it does for the event log: UNAVAILABLE, with
+/// the leader in the `cursorlog-leader` header and `cursorlog-retry: safe`; following the
+/// hint finds the task the leader created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_points_to_the_leader_which_has_the_task() {
+    let mut c = Cluster::start().await;
+    let create = |id: &str| pb::CreateTaskRequest {
+        owner: "s:a".into(),
+        task_id: id.into(),
+        request_key: format!("r-{id}"),
+        ..Default::default()
+    };
+    let first = create("t1");
+    let created = on_leader(&mut c, |mut cl| {
+        let first = first.clone();
+        async move { cl.create_task(first).await }
+    })
+    .await
+    .unwrap()
+    .into_inner();
+    let leader = c.leader;
+    let follower = (leader + 1) % 3;
+    let get = pb::GetTaskRequest {
+        owner: "s:a".into(),
+        task_id: "t1".into(),
+        ..Default::default()
+    };
+    let read = c.clients[follower].get_task(get.clone()).await.unwrap_err();
+    let write = c.clients[follower]
+        .create_task(create("t2"))
+        .await
+        .unwrap_err();
+    for status in [&read, &write] {
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        let header = |name: &str| {
+            status
+                .metadata()
+                .get(name)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(header("cursorlog-leader"), c.addrs[leader], "{status:?}");
+        assert_eq!(header("cursorlog-retry"), "safe");
+    }
+    let found = c.clients[leader].get_task(get).await.unwrap().into_inner();
+    assert_eq!(found.view.unwrap().task, created.task);
 }

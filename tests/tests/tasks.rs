@@ -2,14 +2,13 @@
 //! the whole lifecycle of a task, idempotent creates, owners that never see each other's
 //! tasks, exactly one winner of two racing ends, deletion verdicts, the per-owner cap naming
 //! its flag, paging and bad cursors, a task that survives `kill -9`, the same token, health
-//! and reflection as the event log, and on a cluster the leader hint a follower gives.
+//! and reflection as the event log (the cluster cases are in `cluster_tasks.rs`).
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
-use cursorlog_tests::{free_addr, pb, start_member, Server};
+use cursorlog_tests::{pb, Server};
 use pb::tasks_client::TasksClient;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -594,65 +593,4 @@ async fn a_cancel_request_is_recorded_and_an_oversize_request_is_resource_exhaus
     big.context = vec![b'x'; limit + 1];
     let err = c.create_task(big).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
-}
-
-/// The bound of one wait for the cluster (elections on a loaded 2-core machine included).
-const WAIT: Duration = Duration::from_secs(60);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_a_follower_points_to_the_leader_which_has_the_task() {
-    let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let nodes: Vec<Server> = (0..3)
-        .map(|i| start_member(i + 1, &addrs, dirs[i].path(), &[]))
-        .collect();
-    let mut clients = Vec::new();
-    for node in &nodes {
-        clients.push(client(node).await);
-    }
-    // The leader is the member that accepts the create (a follower answers UNAVAILABLE).
-    let deadline = Instant::now() + WAIT;
-    let (leader, created) = 'found: loop {
-        for (i, c) in clients.iter_mut().enumerate() {
-            match c.create_task(create("s:a", "t1", "r1")).await {
-                Ok(r) => break 'found (i, r.into_inner()),
-                Err(s) => assert_eq!(s.code(), Code::Unavailable, "{s:?}"),
-            }
-        }
-        assert!(Instant::now() < deadline, "no leader within {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let follower = (0..3).find(|i| *i != leader).unwrap();
-    // A follower answers reads and writes as it does for the event log: UNAVAILABLE, with
-    // the leader in the `cursorlog-leader` header (unless an election moved it meanwhile).
-    let read = clients[follower]
-        .get_task(get("s:a", "t1", false))
-        .await
-        .unwrap_err();
-    let write = clients[follower]
-        .create_task(create("s:a", "t2", "r2"))
-        .await
-        .unwrap_err();
-    for status in [&read, &write] {
-        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-        let hint = status
-            .metadata()
-            .get("cursorlog-leader")
-            .unwrap()
-            .to_str()
-            .unwrap();
-        assert_eq!(hint, addrs[leader], "{status:?}");
-        assert_eq!(
-            status
-                .metadata()
-                .get("cursorlog-retry")
-                .unwrap()
-                .to_str()
-                .unwrap(),
-            "safe"
-        );
-    }
-    // Following the hint finds the task.
-    let task = task_of(&mut clients[leader], "s:a", "t1").await;
-    assert_eq!(Some(task), created.task);
 }
