@@ -44,6 +44,8 @@ const TERMINAL: ReadonlySet<string> = new Set(['COMPLETED', 'FAILED', 'CANCELLED
 export interface TaskAnswersStats {
   /** Answers this replica routed to a task (resent ones included). */
   routed: number;
+  /** Of {@link routed}: resends cursorlog had routed before (nothing new was queued). */
+  duplicates: number;
   /** Answers without a route: left to the SDK. */
   notRouted: number;
   /** Answers handed to the server that asked. */
@@ -85,7 +87,7 @@ export class TaskAnswers {
   private idleWaiters: (() => void)[] = [];
   private warnedUnimplemented = false;
   /** Counters (tests, diagnostics). */
-  readonly stats: TaskAnswersStats = { routed: 0, notRouted: 0, delivered: 0, unmatched: 0, watches: 0 };
+  readonly stats: TaskAnswersStats = { routed: 0, duplicates: 0, notRouted: 0, delivered: 0, unmatched: 0, watches: 0 };
 
   constructor(
     readonly client: CursorlogClient,
@@ -151,6 +153,7 @@ export class TaskAnswers {
       });
       if (response.routed === true) {
         this.stats.routed += 1;
+        if (response.duplicate === true) this.stats.duplicates += 1;
         return true;
       }
       this.stats.notRouted += 1;
