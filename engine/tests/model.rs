@@ -3,7 +3,8 @@
 //! rules documented in `engine/src/verdict.rs`). Every result is compared: verdicts with
 //! their facts, read contents, outcomes, error variants, and after every step the whole
 //! remembered state (sessions, streams, watermarks, terminal states), which must also never
-//! go backwards.
+//! go backwards. Durable MCP task operations run beside them (`model/tasks.rs`): each
+//! task's view and every owner's listing are compared after every step too.
 //!
 //! The model is written from the documents, not from engine code. Segments are 4096 bytes so
 //! rotation (and, with trims, retention) happens. A crash copies the segment files while the
@@ -16,6 +17,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "model/tasks.rs"]
+mod task_model;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +29,7 @@ use cursorlog_engine::{
     Verdict,
 };
 use proptest::prelude::*;
+use task_model::{task_op, TaskModel, TaskOp};
 use tempfile::TempDir;
 
 // ---------------------------------------------------------------------------------------------
@@ -154,6 +158,8 @@ enum Op {
         /// The torn bytes are the start of a well-formed next frame (else random bytes).
         partial_frame: bool,
     },
+    /// A durable MCP task operation.
+    Task(TaskOp),
 }
 
 const MALFORMED: [&str; 9] = [
@@ -237,6 +243,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         2 => (any::<bool>(), prop_oneof![1 => Just(0u8), 1 => any::<u8>()], any::<bool>())
             .prop_map(|(stale_index, torn, partial_frame)| Op::Crash { stale_index, torn, partial_frame }),
+        20 => task_op().prop_map(Op::Task),
     ]
 }
 
@@ -505,6 +512,7 @@ struct Harness {
     /// An index copied at the last clean close, for crashes that keep a stale index.
     stale_index: Option<TempDir>,
     model: Model,
+    tasks: TaskModel,
     last_lsn: u64,
     step: usize,
 }
@@ -522,6 +530,7 @@ impl Harness {
             engine: Some(engine),
             stale_index: None,
             model: Model::default(),
+            tasks: TaskModel::default(),
             last_lsn: 0,
             step: 0,
         }
@@ -905,6 +914,10 @@ impl Harness {
                 self.dirs.push(copy);
                 self.reopen(&ctx, self.dir(), garbage.len() as u64);
             }
+            Op::Task(op) => {
+                let e = self.engine.as_ref().unwrap();
+                self.tasks.run(e, op, &ctx);
+            }
         }
     }
 
@@ -1233,6 +1246,8 @@ impl Harness {
         let lsn = e.stats().unwrap().last_lsn;
         assert!(lsn >= self.last_lsn, "{ctx}: last lsn went backwards");
         self.last_lsn = lsn;
+        let e = self.engine.as_ref().unwrap();
+        self.tasks.check(e, ctx);
     }
 }
 
@@ -1411,6 +1426,154 @@ fn model_smoke_sequence() {
         },
         Op::ExpireSession(0),
         Op::OpenSession(0),
+    ];
+    run_case(&ops);
+}
+
+/// A fixed sequence touching every task operation (and a crash and a reopen between them),
+/// so the task model is exercised even with `PROPTEST_CASES=0`.
+#[test]
+fn model_task_smoke_sequence() {
+    let t = |op: TaskOp| Op::Task(op);
+    let ops = vec![
+        t(TaskOp::Create {
+            owner: 0,
+            task: 0,
+            key: 0,
+        }),
+        t(TaskOp::Create {
+            owner: 0,
+            task: 1,
+            key: 0,
+        }),
+        t(TaskOp::Create {
+            owner: 0,
+            task: 0,
+            key: 1,
+        }),
+        t(TaskOp::Create {
+            owner: 1,
+            task: 0,
+            key: 0,
+        }),
+        t(TaskOp::Change {
+            owner: 0,
+            task: 0,
+            input_required: false,
+            expected: Some(0),
+            message: Some(1),
+        }),
+        t(TaskOp::Change {
+            owner: 0,
+            task: 0,
+            input_required: false,
+            expected: Some(-1),
+            message: None,
+        }),
+        t(TaskOp::RequestInput {
+            owner: 0,
+            task: 0,
+            keys: vec![0, 1],
+        }),
+        t(TaskOp::RequestInput {
+            owner: 0,
+            task: 0,
+            keys: vec![1],
+        }),
+        t(TaskOp::Answer {
+            owner: 0,
+            task: 0,
+            keys: vec![0, 0, 3],
+        }),
+        t(TaskOp::Enqueue {
+            owner: 0,
+            task: 0,
+            inbound: false,
+            dedupe: Some(0),
+            len: 5,
+        }),
+        t(TaskOp::Enqueue {
+            owner: 0,
+            task: 0,
+            inbound: false,
+            dedupe: Some(0),
+            len: 5,
+        }),
+        t(TaskOp::Enqueue {
+            owner: 0,
+            task: 0,
+            inbound: true,
+            dedupe: None,
+            len: 0,
+        }),
+        Op::Crash {
+            stale_index: false,
+            torn: 0,
+            partial_frame: false,
+        },
+        t(TaskOp::Dequeue {
+            owner: 0,
+            task: 0,
+            inbound: false,
+            max: 0,
+            token: 0,
+        }),
+        t(TaskOp::Dequeue {
+            owner: 0,
+            task: 0,
+            inbound: false,
+            max: 0,
+            token: 0,
+        }),
+        t(TaskOp::Cancel {
+            owner: 0,
+            task: 0,
+            terminal: false,
+        }),
+        t(TaskOp::Finish {
+            owner: 0,
+            task: 0,
+            status: 0,
+            expected: Some(0),
+            outcome: 1,
+        }),
+        t(TaskOp::Finish {
+            owner: 0,
+            task: 0,
+            status: 0,
+            expected: None,
+            outcome: 0,
+        }),
+        t(TaskOp::Finish {
+            owner: 0,
+            task: 0,
+            status: 1,
+            expected: None,
+            outcome: 3,
+        }),
+        Op::Reopen,
+        t(TaskOp::Cancel {
+            owner: 1,
+            task: 0,
+            terminal: true,
+        }),
+        t(TaskOp::Delete { owner: 0, task: 0 }),
+        t(TaskOp::Delete { owner: 0, task: 0 }),
+        t(TaskOp::Create {
+            owner: 0,
+            task: 0,
+            key: 0,
+        }),
+        t(TaskOp::Create {
+            owner: 0,
+            task: 2,
+            key: 0,
+        }),
+        Op::Crash {
+            stale_index: true,
+            torn: 9,
+            partial_frame: true,
+        },
     ];
     run_case(&ops);
 }
