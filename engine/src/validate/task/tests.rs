@@ -11,6 +11,8 @@ use crate::record::{
 use crate::task::{EndCause, OutcomeKind, SlotState, TaskOutcome, TaskRemoval, TaskStatus};
 use crate::validate::{validate, Rejection};
 
+mod routes;
+
 /// Applies `records` from LSN 1 on, each validated first, and hands the first rejection
 /// (its index and why) and the state the records before it left to `check`.
 fn with_state<R>(
