@@ -243,8 +243,13 @@ class TasksServicer(object):
         sampling request) opens a route (owner, correlation) -> task; this call appends
         `message` to that task's inbound queue (channel 1) and closes the route in the same log
         entry, so an answer is routed exactly once. `routed` is false (nothing written) when the
-        owner has no open route for the correlation: never asked, already answered, or the task
-        was deleted. A retry of a routed call answers the same task and qseq as `duplicate`.
+        owner has no route for the correlation (never asked, another owner's, or its task was
+        deleted) or its task has ended. An answered route is kept until its task is deleted: a
+        retry of a routed call (or any second answer to that id) answers the same task and qseq
+        as `duplicate`, writing nothing. RESOURCE_EXHAUSTED when the task's inbound queue is at
+        the server's bounds (the route stays open); INVALID_ARGUMENT for an empty or over-long
+        correlation. An outbound enqueue reusing a correlation of the owner that routes to
+        another task, or was answered, is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
