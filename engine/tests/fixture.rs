@@ -7,8 +7,12 @@
 //! of probes (every verdict, read, outcome and the metadata of every session and stream),
 //! printed by [`describe`]. Each fixture was generated once, by the build of its version,
 //! with `generate_fixture` below; later builds must never regenerate an old version's
-//! fixture, only add the new one's.
+//! fixture, only add the new one's. `format-v3-tasks` does the same for the task records
+//! (16–26), added under format 3 after the `format-v3` fixture was made (`fixture/tasks.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "fixture/tasks.rs"]
+mod tasks;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -424,6 +428,20 @@ fn format_v1_fixture_serves_identically() {
 #[test]
 fn format_v2_fixture_serves_identically() {
     serves_identically(2);
+}
+
+/// Durable MCP tasks in every state, written under format 3 (records 16–26).
+#[test]
+fn format_v3_tasks_fixture_serves_identically() {
+    tasks::serves_identically();
+}
+
+/// Writes `tests/fixtures/format-v3-tasks` (`cargo test -p cursorlog-engine --test fixture
+/// -- --ignored generate_tasks_fixture`). Never rerun it: the fixture is the promise.
+#[test]
+#[ignore = "writes tests/fixtures/format-v3-tasks; run by hand once"]
+fn generate_tasks_fixture() {
+    tasks::write_fixture();
 }
 
 /// Every format version up to the one this build writes has its fixture, and each serves
