@@ -265,6 +265,61 @@ fn a_full_inbound_queue_refuses_the_route_as_an_enqueue_does() {
     );
 }
 
+#[test]
+fn a_task_holds_at_most_4096_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.sync = cursorlog_engine::SyncPolicy::Never;
+    c.segment_bytes_max = 64 << 20;
+    let e = Engine::open(c).unwrap();
+    let t = create(&e, "s:a", "t");
+    for i in 0..4096 {
+        ask(&e, &t, &i.to_string());
+        if i % 1000 == 999 {
+            // The client takes the requests, so only the route cap is in the way.
+            e.dequeue_task_messages(TaskDequeue {
+                task: t.clone(),
+                channel: OUTBOUND,
+                max_messages: 0,
+                token: format!("out-{i}"),
+            })
+            .unwrap();
+        }
+    }
+    let full = e
+        .enqueue_task_message(TaskEnqueue {
+            task: t.clone(),
+            channel: OUTBOUND,
+            message: b"{}".to_vec(),
+            max_len: 0,
+            dedupe_key: None,
+            correlation: Some("4096".into()),
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            full,
+            Error::TaskQueueFull {
+                what: "routes",
+                queued: 4097,
+                max: 4096,
+                ..
+            }
+        ),
+        "{full:?}"
+    );
+    // A message that is no request (no correlation) still goes.
+    e.enqueue_task_message(TaskEnqueue {
+        task: t.clone(),
+        channel: OUTBOUND,
+        message: b"{}".to_vec(),
+        max_len: 0,
+        dedupe_key: None,
+        correlation: None,
+    })
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_watch_of_the_task_wakes_on_a_routed_answer() {
     let dir = tempfile::tempdir().unwrap();
@@ -363,16 +418,20 @@ fn routes_survive_a_restart_retention_and_a_rebuild_and_go_with_deletion() {
         not_routed()
     );
     assert!(
-        !e.index_dump().unwrap().iter().any(|(k, _)| k[0] == b'W'),
-        "no route of any task is left"
+        !e.index_dump()
+            .unwrap()
+            .iter()
+            .any(|(k, _)| k[0] == b'W' || k[0] == b'V'),
+        "no route of any task is left, nor a count"
     );
 }
 
-/// The `V` index keys (a task's routes) of the engine id `id`.
+/// The `V` index keys of the engine id `id`'s routes (one per correlation; its count key,
+/// `V` id alone, is left out).
 fn route_keys(e: &Engine, id: u64) -> usize {
     e.index_dump()
         .unwrap()
         .iter()
-        .filter(|(k, _)| k[0] == b'V' && k.get(1..9) == Some(&id.to_be_bytes()[..]))
+        .filter(|(k, _)| k[0] == b'V' && k.len() > 9 && k.get(1..9) == Some(&id.to_be_bytes()[..]))
         .count()
 }

@@ -120,7 +120,7 @@ fn route(txn: &mut Txn<'_>, owner: &str, correlation: &str, q: &TaskQueued) -> R
                 id: q.id,
                 inbound_qseq: None,
             },
-        ),
+        )?,
         INBOUND => {
             if let Some(r) = current.filter(|r| r.id == q.id && r.inbound_qseq.is_none()) {
                 txn.put_task_route(
@@ -130,7 +130,7 @@ fn route(txn: &mut Txn<'_>, owner: &str, correlation: &str, q: &TaskQueued) -> R
                         inbound_qseq: Some(q.qseq),
                         ..r
                     },
-                );
+                )?;
             }
         }
         _ => {}
@@ -153,7 +153,7 @@ pub(super) fn routes(txn: &mut Txn<'_>, r: &TaskRoutes) -> Result<()> {
                 id: r.id,
                 inbound_qseq: e.inbound_qseq,
             },
-        );
+        )?;
     }
     Ok(())
 }

@@ -171,7 +171,8 @@ pub(crate) fn task_route_key(owner: &str, correlation: &str) -> Vec<u8> {
     k
 }
 
-/// `V` id: the correlations of a task's routes (to carry them forward and drop them).
+/// `V` id: the correlations of a task's routes (to carry them forward and drop them); the
+/// key itself holds how many there are (the planner's cap reads it, not a scan).
 pub(crate) fn task_routes_prefix(id: u64) -> [u8; 9] {
     let mut k = [prefix::TASK_ROUTES; 9];
     k[1..].copy_from_slice(&id.to_be_bytes());
@@ -365,6 +366,9 @@ pub(crate) trait TaskRead: KvRead {
         let prefix = task_routes_prefix(id);
         let mut routes = Vec::new();
         for (k, _) in self.raw_scan(&prefix)? {
+            if k.len() == prefix.len() {
+                continue; // the count
+            }
             let correlation = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
             if let Some(r) = self.task_route(owner, &correlation)? {
                 routes.push(RouteEntry {
@@ -377,8 +381,8 @@ pub(crate) trait TaskRead: KvRead {
     }
 
     /// How many routes task `id` holds (open and closed).
-    fn task_route_count(&self, id: u64) -> Result<usize> {
-        Ok(self.raw_scan(&task_routes_prefix(id))?.len())
+    fn task_route_count(&self, id: u64) -> Result<u64> {
+        Ok(id_value(self.raw_get(&task_routes_prefix(id))?).unwrap_or(0))
     }
 
     /// Every input slot of a task, by key.
@@ -455,10 +459,24 @@ impl Txn<'_> {
         Ok(())
     }
 
-    /// Sets the route of `owner`'s `correlation`.
-    pub(crate) fn put_task_route(&mut self, owner: &str, correlation: &str, route: TaskRoute) {
+    /// Sets the route of `owner`'s `correlation` (counting it when it is new to its task).
+    pub(crate) fn put_task_route(
+        &mut self,
+        owner: &str,
+        correlation: &str,
+        route: TaskRoute,
+    ) -> Result<()> {
         self.put_raw(task_route_key(owner, correlation), encode_value(&route));
-        self.put_raw(task_routes_key(route.id, correlation), Vec::new());
+        let listed = task_routes_key(route.id, correlation);
+        if self.raw_get(&listed)?.is_none() {
+            self.put_raw(listed, Vec::new());
+            let n = self.task_route_count(route.id)? + 1;
+            self.put_raw(
+                task_routes_prefix(route.id).to_vec(),
+                n.to_le_bytes().to_vec(),
+            );
+        }
+        Ok(())
     }
 
     /// Removes every route of task `id` (of `owner`).
@@ -466,9 +484,10 @@ impl Txn<'_> {
         let prefix = task_routes_prefix(id);
         for (k, _) in self.raw_scan(&prefix)? {
             let correlation = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
-            if self
-                .task_route(owner, &correlation)?
-                .is_some_and(|r| r.id == id)
+            if k.len() > prefix.len()
+                && self
+                    .task_route(owner, &correlation)?
+                    .is_some_and(|r| r.id == id)
             {
                 self.remove_raw(task_route_key(owner, &correlation));
             }

@@ -19,7 +19,7 @@ use crate::writer::Writer;
 /// correlation opens one, kept until the task is deleted. At the cap, such an enqueue is
 /// refused as a full queue. Bounds a task's [`crate::record::TaskRoutes`] record (4096 ×
 /// at most `id_bytes_max` + 18 bytes).
-pub(crate) const TASK_ROUTES_MAX: usize = 4096;
+pub(crate) const TASK_ROUTES_MAX: u64 = 4096;
 
 /// Whether a queue in `state` has room for one more message of `len` bytes, under the
 /// enqueuer's `max_len` and the server's byte bound.
@@ -176,8 +176,8 @@ fn check_correlation(
                 return Err(Error::TaskQueueFull {
                     task_id: task_id.to_owned(),
                     what: "routes",
-                    queued: routes as u64 + 1,
-                    max: TASK_ROUTES_MAX as u64,
+                    queued: routes + 1,
+                    max: TASK_ROUTES_MAX,
                 });
             }
             Ok(())
