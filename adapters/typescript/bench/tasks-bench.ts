@@ -14,9 +14,14 @@
  * creator's: tasks are created through the store (replica A's), and a stateless `McpServer`
  * (replica B, in this process, its own store and gRPC client) answers raw HTTP `tasks/get`.
  *
+ * `--cluster N` (N ≥ 3) adds a side: N `cursorlog serve --node-id … --peers …` members (default
+ * Raft timing, `--sync always`) in the same run, driven through a client given the member list
+ * (it follows the `cursorlog-leader` hints to the leader); its server CPU is every member's.
+ * `--cluster 0` (the default) runs the three sides above and nothing else.
+ *
  * Output: a Markdown table on stdout (medians over rounds, per-call p50/p99 pooled).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer as createHttpServer, type IncomingMessage } from 'node:http';
 import { createServer } from 'node:net';
@@ -31,7 +36,7 @@ import { Redis } from 'ioredis';
 import { Agent, fetch } from 'undici';
 import { CursorlogClient } from '../src/client.js';
 import { CursorlogTaskStore } from '../src/tasks.js';
-import { PACKAGE_DIR, Proc } from '../test/harness.js';
+import { freePort as memberPort, PACKAGE_DIR, Proc } from '../test/harness.js';
 import { RedisTaskStore } from './redis-task-store.js';
 
 const { values } = parseArgs({
@@ -42,11 +47,14 @@ const { values } = parseArgs({
     tasks: { type: 'string', default: '1:60,16:320,64:640' },
     gets: { type: 'string', default: '400' },
     'data-root': { type: 'string', default: join(PACKAGE_DIR, 'bench', 'results') },
+    cluster: { type: 'string', default: '0' },
   },
 });
 const ROUNDS = Number(values.rounds);
 const LEVELS = values.tasks!.split(',').map((p) => p.split(':').map(Number) as [number, number]);
 const GETS = Number(values.gets);
+const CLUSTER = Number(values.cluster);
+if (!Number.isInteger(CLUSTER) || (CLUSTER !== 0 && CLUSTER < 3)) throw new Error(`--cluster ${values.cluster}: 0 (off) or a member count of at least 3`);
 
 async function freePort(): Promise<number> {
   const s = createServer();
@@ -63,11 +71,52 @@ function start(name: string, cmd: string, args: string[]): Proc {
   return new Proc(name, child);
 }
 
-/** CPU time (user + system) of a process so far, ms (Linux /proc; 100 ticks/s). */
-function cpuMs(pid: number | undefined): number {
-  if (pid === undefined) return NaN;
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-  return (Number(fields[11]) + Number(fields[12])) * 10;
+/** CPU time (user + system) of processes so far, summed, ms (Linux /proc; 100 ticks/s). */
+function cpuMs(pids: (number | undefined)[]): number {
+  let total = 0;
+  for (const pid of pids) {
+    if (pid === undefined) return NaN;
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    total += (Number(fields[11]) + Number(fields[12])) * 10;
+  }
+  return total;
+}
+
+/**
+ * `size` cursorlog members (`--node-id i --peers 1=…,2=…`, default Raft timing, `--sync
+ * always`), each on its own data dir under `root`; resolves with the member list once each
+ * listens.
+ */
+async function startCluster(root: string, size: number): Promise<{ list: string; procs: Proc[] }> {
+  const addresses: string[] = [];
+  for (let i = 0; i < size; i++) addresses.push(`127.0.0.1:${await memberPort()}`);
+  const peers = addresses.map((a, i) => `${i + 1}=${a}`).join(',');
+  const procs = addresses.map((address, i) =>
+    start(`cursorlog-${i + 1}`, values['cursorlog-bin']!, [
+      'serve', '--data-dir', join(root, `member-${i + 1}`), '--listen', address, '--node-id', String(i + 1), '--peers', peers,
+      '--sync', 'always', '--max-tasks-per-owner', '1000000',
+    ]),
+  );
+  await Promise.all(procs.map((p) => p.line(/^listening on /, 60_000)));
+  return { list: addresses.join(','), procs };
+}
+
+/** Each member's role and Raft term, from `cursorlog cluster status` ("1 leader t2, 2 follower t2, …"). */
+function clusterView(list: string): string {
+  const out = execFileSync(values['cursorlog-bin']!, ['cluster', 'status', '--members', list], { encoding: 'utf8' });
+  return out
+    .split('\n')
+    .slice(1)
+    .map((l) => l.trim().split(/\s+/))
+    .filter((f) => f.length >= 4)
+    .map((f) => (f[1] === 'unreachable:' ? `${f[0]} unreachable` : `${f[1]} ${f[2]} t${f[3]}`))
+    .join(', ');
+}
+
+/** The member that leads now: the one an idempotent write (`OpenSession`) succeeded on. */
+async function leaderOf(client: CursorlogClient): Promise<string> {
+  await client.call('OpenSession', { session: `bench-leader-probe-${process.pid}` });
+  return client.router.current;
 }
 
 const REQUEST: Request = { method: 'tools/call', params: { name: 'bench', arguments: {} } };
@@ -103,10 +152,10 @@ async function oneTask(store: TaskStore, lat: Record<Kind, number[]>): Promise<v
   await timed(lat.result, () => store.getTaskResult(taskId, session));
 }
 
-async function round(store: TaskStore, concurrency: number, total: number, serverPid: number | undefined): Promise<Round> {
+async function round(store: TaskStore, concurrency: number, total: number, serverPids: (number | undefined)[]): Promise<Round> {
   const lat: Record<Kind, number[]> = { create: [], update: [], store: [], result: [] };
   let next = 0;
-  const cpu0 = cpuMs(serverPid);
+  const cpu0 = cpuMs(serverPids);
   const self0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(
@@ -122,7 +171,7 @@ async function round(store: TaskStore, concurrency: number, total: number, serve
   return {
     tasksPerSec: total / secs,
     callsPerSec: (total * 13) / secs,
-    serverCpuMsPerTask: (cpuMs(serverPid) - cpu0) / total,
+    serverCpuMsPerTask: (cpuMs(serverPids) - cpu0) / total,
     benchCpuMsPerTask: (self.user + self.system) / 1000 / total,
     lat,
   };
@@ -203,17 +252,30 @@ async function main(): Promise<void> {
   const redis = new Redis({ host: '127.0.0.1', port: redisPort, maxRetriesPerRequest: 2 });
   const grpcA = new CursorlogClient({ address, deadlineMs: 30_000 });
   const grpcB = new CursorlogClient({ address, deadlineMs: 30_000 });
-  const sides: { name: string; store: TaskStore; pid: number | undefined; before?: () => Promise<void> }[] = [
-    { name: 'cursorlog (sync always)', store: new CursorlogTaskStore(grpcA), pid: cl.child.pid },
-    { name: 'redis (appendfsync always)', store: new RedisTaskStore(redis), pid: rd.child.pid, before: async () => void (await redis.config('SET', 'appendfsync', 'always')) },
-    { name: 'redis (appendfsync everysec)', store: new RedisTaskStore(redis), pid: rd.child.pid, before: async () => void (await redis.config('SET', 'appendfsync', 'everysec')) },
+  const sides: { name: string; store: TaskStore; pids: (number | undefined)[]; before?: () => Promise<void> }[] = [
+    { name: 'cursorlog (sync always)', store: new CursorlogTaskStore(grpcA), pids: [cl.child.pid] },
+    { name: 'redis (appendfsync always)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'always')) },
+    { name: 'redis (appendfsync everysec)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'everysec')) },
   ];
+  // The cluster side: clients given the member list find the leader themselves.
+  const cluster = CLUSTER > 0 ? await startCluster(root, CLUSTER) : undefined;
+  const grpcCA = cluster && new CursorlogClient({ address: cluster.list, deadlineMs: 30_000 });
+  const grpcCB = cluster && new CursorlogClient({ address: cluster.list, deadlineMs: 30_000 });
+  let leaderBefore = '';
+  let viewBefore = '';
+  if (cluster && grpcCA && grpcCB) {
+    leaderBefore = await leaderOf(grpcCA);
+    await leaderOf(grpcCB);
+    viewBefore = clusterView(cluster.list);
+    console.error(`cluster ${cluster.list}: leader ${leaderBefore} (${viewBefore})`);
+    sides.push({ name: `cursorlog ${CLUSTER}-member cluster (sync always)`, store: new CursorlogTaskStore(grpcCA), pids: cluster.procs.map((p) => p.child.pid) });
+  }
   const load = readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
   console.error(`load before: ${load}`);
   // Warm-up: JIT, connections, first segment.
   for (const s of sides) {
     await s.before?.();
-    await round(s.store, 4, 20, s.pid);
+    await round(s.store, 4, 20, s.pids);
   }
   const results = new Map<string, Round[]>();
   for (const [concurrency, total] of LEVELS) {
@@ -222,7 +284,7 @@ async function main(): Promise<void> {
       for (let k = 0; k < sides.length; k++) {
         const s = sides[(k + r) % sides.length]!;
         await s.before?.();
-        const res = await round(s.store, concurrency, total, s.pid);
+        const res = await round(s.store, concurrency, total, s.pids);
         const key = `${s.name}|${concurrency}`;
         results.set(key, [...(results.get(key) ?? []), res]);
         console.error(`c=${concurrency} round ${r} ${s.name}: ${f1(res.tasksPerSec)} tasks/s`);
@@ -232,9 +294,15 @@ async function main(): Promise<void> {
   await redis.config('SET', 'appendfsync', 'always');
   const getsCursorlog = await getLatency(new CursorlogTaskStore(grpcA), new CursorlogTaskStore(grpcB));
   const getsRedis = await getLatency(new RedisTaskStore(redis), new RedisTaskStore(redis));
+  const getsCluster = grpcCA && grpcCB ? await getLatency(new CursorlogTaskStore(grpcCA), new CursorlogTaskStore(grpcCB)) : undefined;
+  const leaderAfter = grpcCA ? await leaderOf(grpcCA) : '';
+  const viewAfter = cluster ? clusterView(cluster.list) : '';
   const loadAfter = readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
 
   console.log(`Run ${new Date().toISOString()}, ${ROUNDS} rounds per level, load average before ${load}, after ${loadAfter}.`);
+  if (cluster) {
+    console.log(`Cluster ${cluster.list}: leader ${leaderBefore} before the rounds (${viewBefore}), ${leaderAfter} after (${viewAfter}).`);
+  }
   console.log('');
   console.log('| store | in flight | tasks/s | calls/s | create p50/p99 ms | update p50/p99 ms | storeTaskResult p50/p99 ms | getTaskResult p50/p99 ms | server CPU ms/task | bench CPU ms/task |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
@@ -255,9 +323,12 @@ async function main(): Promise<void> {
   console.log('|---|---:|---:|');
   console.log(`| cursorlog (GetTask, linearizable) | ${f2(getsCursorlog.p50)} | ${f2(getsCursorlog.p99)} |`);
   console.log(`| redis (GET) | ${f2(getsRedis.p50)} | ${f2(getsRedis.p99)} |`);
+  if (getsCluster) console.log(`| cursorlog ${CLUSTER}-member cluster (GetTask, linearizable: ReadIndex on the leader) | ${f2(getsCluster.p50)} | ${f2(getsCluster.p99)} |`);
 
   grpcA.close();
   grpcB.close();
+  grpcCA?.close();
+  grpcCB?.close();
   redis.disconnect();
   for (const c of children) c.kill('SIGTERM');
   await new Promise((r) => setTimeout(r, 300));
