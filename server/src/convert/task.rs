@@ -528,5 +528,12 @@ mod tests {
         assert!(err.message().contains("mode"), "{}", err.message());
         let err = task_ref("o".into(), String::new()).unwrap_err();
         assert!(err.message().contains("task_id"), "{}", err.message());
+        let err = route(pb::RouteTaskMessageRequest {
+            owner: "s:a".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("correlation"), "{}", err.message());
     }
 }
