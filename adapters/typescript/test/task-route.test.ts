@@ -16,6 +16,8 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { CreateTaskResultSchema } from '@modelcontextprotocol/sdk/experimental/tasks';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { CallToolResultSchema, ElicitRequestSchema, type ElicitResult } from '@modelcontextprotocol/sdk/types.js';
+import * as grpc from '@grpc/grpc-js';
+import { CursorlogError } from '../src/client.js';
 import { Cursorlog } from '../src/core.js';
 import { CursorlogSessions } from '../src/sessions.js';
 import { TASK_REQUEST_ID_PREFIX } from '../src/task-answers.js';
@@ -282,7 +284,7 @@ describe('an answer to a task request, posted to another replica (issue 20 item 
     }
   });
 
-  it('an answer with an id nobody asked is left to the SDK (202 and its "unknown message ID"), not swallowed', async () => {
+  it('an answer with an id nobody asked is left to the SDK (202 and its "unknown message ID"), not swallowed; a route that cannot be asked is 503', async () => {
     const r = await cluster();
     const { client, transport } = await connect(r, { answer: () => ['C'] }, () => ({ action: 'decline' }));
     try {
@@ -299,6 +301,18 @@ describe('an answer to a task request, posted to another replica (issue 20 item 
       }
       assert.equal(r.C.queue.answerStats.notRouted, 2);
       assert.equal(r.C.queue.answerStats.routed, 0);
+      // When cursorlog cannot be asked, the POST fails visibly (503), not the SDK's silent 202.
+      const grpcC = r.C.cursorlog.client;
+      const call = grpcC.call.bind(grpcC);
+      grpcC.call = (async (rpc: string, request: unknown) => {
+        if (rpc === 'RouteTaskMessage') throw new CursorlogError(rpc, grpc.status.UNAVAILABLE, 'cursorlog is down (test)');
+        return call(rpc as never, request as never);
+      }) as typeof grpcC.call;
+      const errorsBefore = r.C.errors.length;
+      const refused = await fetch(r.C.url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: `${TASK_REQUEST_ID_PREFIX}x`, result: {} }) });
+      assert.equal(refused.status, 503);
+      assert.match(((await refused.json()) as { error: { message: string } }).error.message, /cannot route the answer to its task.*cursorlog is down/);
+      assert.equal(r.C.errors.length, errorsBefore, 'the SDK never saw it');
     } finally {
       await client.close();
       await Promise.all(Object.values(r).map((x) => x.stop()));
