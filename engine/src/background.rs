@@ -21,7 +21,7 @@ use crate::shared::Shared;
 use crate::state::StreamState;
 
 mod tasks;
-pub(crate) use tasks::{expire_task_leases, expire_tasks, renew_task_lease};
+pub(crate) use tasks::{expire_task_leases, expire_tasks, renew_task_lease, running_task_ids};
 
 /// How often committed index changes are moved from the memtable into sled (off the writer
 /// thread), bounding what a restart replays from the log.

@@ -264,6 +264,7 @@ impl Engine {
         }
         if rec.previous.is_some_and(|p| p.may_have_lost_acknowledged()) {
             report.streams_fenced += fence_open_streams(&shared, &tx)?;
+            report.tasks_fenced += fence_running_tasks(&shared, &tx)?;
         }
         tracing::info!(dir = %shared.config.dir.display(), report = %report, "recovered data directory");
         let background = vec![
@@ -532,6 +533,33 @@ fn fence_open_streams(shared: &Shared, tx: &Mailbox) -> Result<u64> {
     Ok(fenced)
 }
 
+/// After a crash that may have lost acknowledged but unsynced changes (a reboot after an
+/// unclean `interval`/`never` run), fails every running task (`Fenced`), as
+/// [`fence_open_streams`] ends every open stream: a task may have lost a change a client saw
+/// (even its end), so it must not run on as if it had not. Creations are synced under every
+/// policy, so no task id is lost; how many versions were lost is unknown, so the end is at
+/// the next version the log has.
+fn fence_running_tasks(shared: &Shared, tx: &Mailbox) -> Result<u64> {
+    let mut fenced = 0;
+    for id in crate::background::running_task_ids(shared)? {
+        let fence = TaskCommand::Fence {
+            id,
+            past_version: 0,
+            why: "task failed: the server restarted after a crash under a non-durable sync \
+                  policy, and changes to it acknowledged just before may be lost",
+        };
+        fenced += u64::from(task_decision(shared, tx, fence)?);
+    }
+    if fenced > 0 {
+        tracing::warn!(
+            tasks = fenced,
+            "failed the running tasks (cause: fenced): the previous run acknowledged unsynced changes and the machine restarted, so some may be lost"
+        );
+        crate::mailbox::submit(tx, shared, Command::Sync)?;
+    }
+    Ok(fenced)
+}
+
 /// Ends `stream` as `ABORTED` for `reason` before anything is served: true if it was open,
 /// false if it had already ended or is gone.
 fn abort_stream(shared: &Shared, tx: &Mailbox, stream: u64, reason: &str) -> Result<bool> {
@@ -596,6 +624,7 @@ fn fence_lost(shared: &Shared, tx: &Mailbox, lost: &LostWrites) -> Result<Fenced
         let fence = TaskCommand::Fence {
             id: *id,
             past_version: *past_version,
+            why: "task failed: changes to it that had been acknowledged were lost at a crash",
         };
         tasks += u64::from(task_decision(shared, tx, fence)?);
     }

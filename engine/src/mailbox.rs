@@ -93,11 +93,13 @@ pub(crate) enum TaskCommand {
     Expire(u64),
     /// The leader's lease pass: fail the task `id`, whose worker stopped renewing its lease.
     LeaseExpired(u64),
-    /// Recovery's lost-write fencing (`lost.rs`): fail the task `id`, still running, at a
-    /// version past `past_version` (the last one the lost index knew).
+    /// Recovery's fencing (`lost.rs`, or a crash under a non-durable sync policy): fail the
+    /// task `id`, still running, at a version past `past_version` (the last one a client may
+    /// have seen), saying `why` in its status message and error.
     Fence {
         id: u64,
         past_version: u64,
+        why: &'static str,
     },
     /// Recovery's lost-write fencing: write blank records (at most `max` in one group) until
     /// the log's last LSN reaches `through_lsn`, so no task is created with the id of a task

@@ -4,7 +4,8 @@
 //! `fenced`) at a version past every one the lost index knew, so a watch of the last version
 //! seen hears the end; a task that had ended never comes back running, nor ends again with a
 //! result; and the id of a task whose creation was lost (its creation's LSN) is never given
-//! to a new task.
+//! to a new task. After a power loss that followed a non-durable run, every running task
+//! fails, since nobody knows which of its acknowledged changes survived.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -195,4 +196,61 @@ fn tasks_that_lost_acknowledged_changes_fail_past_every_version_seen() {
     assert!(!e.recovery_report().index_rebuilt);
     assert_eq!(task(&e, "a").unwrap().version, a_seen + 1);
     assert_eq!(task(&e, "b").unwrap().status, TaskStatus::Failed);
+}
+
+/// FORMAT.md invariant 8 for tasks: after a power loss that followed an unclean run under
+/// a non-durable sync policy (`interval`, `never`), changes acknowledged before their sync
+/// may be gone, and nobody knows which: every running task fails (cause `fenced`), as every
+/// open stream ends. A task whose completion was lost does not run on; one that ended
+/// durably is untouched; creations are synced under every policy, so every task is still
+/// there. A restart on the same boot (the page cache kept everything) fences nothing.
+#[test]
+fn a_power_loss_after_a_non_durable_run_fails_every_running_task() {
+    for sync in [SyncPolicy::Interval(3_600_000), SyncPolicy::Never] {
+        for power_loss in [true, false] {
+            let fs = cursorlog_engine::FaultyFs::new(11);
+            let dir = tempfile::tempdir().unwrap();
+            let clock = Arc::new(ManualClock::new(T0));
+            let open = || {
+                let mut c = config(dir.path(), &clock);
+                c.sync = sync;
+                Engine::open_with_fs(c, Arc::new(fs.clone())).unwrap()
+            };
+            let e = open();
+            create(&e, "done");
+            complete(&e, "done");
+            create(&e, "a");
+            create(&e, "b");
+            e.sync().unwrap();
+            // Acknowledged, not synced: lost at the power cut.
+            assert_eq!(change(&e, "a", "step 1"), 2);
+            assert_eq!(complete(&e, "b"), 2);
+            e.simulate_crash();
+            drop(e);
+            if power_loss {
+                fs.crash(false);
+                fs.revive();
+            }
+            let e = open();
+            let report = e.recovery_report().clone();
+            let meta = |id: &str| {
+                let t = task(&e, id).unwrap();
+                (t.status, t.end_cause)
+            };
+            let fenced = (TaskStatus::Failed, Some(EndCause::Fenced));
+            let done = (TaskStatus::Completed, Some(EndCause::Client));
+            if power_loss {
+                assert_eq!(report.tasks_fenced, 2, "{sync:?}: {report}");
+                assert_eq!(meta("a"), fenced, "{sync:?}");
+                assert_eq!(meta("b"), fenced, "{sync:?}: its completion was lost");
+                assert_eq!(task(&e, "a").unwrap().version, 2, "{sync:?}");
+            } else {
+                assert_eq!(report.tasks_fenced, 0, "{sync:?}: {report}");
+                assert_eq!(meta("a"), (TaskStatus::Working, None), "{sync:?}");
+                assert_eq!(meta("b"), done, "{sync:?}");
+            }
+            assert_eq!(meta("done"), done, "{sync:?}");
+            e.close().unwrap();
+        }
+    }
 }

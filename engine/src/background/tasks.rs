@@ -86,6 +86,33 @@ pub(crate) fn arm_task_leases(shared: &Shared) -> Result<()> {
         })
 }
 
+/// The ids of every task still running (not ended, not deleted), in id order: recovery's
+/// fencing after a crash under a non-durable sync policy fails them all.
+///
+/// # Errors
+/// Index read failures.
+pub(crate) fn running_task_ids(shared: &Shared) -> Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    shared
+        .index
+        .for_each_with_prefix(&[crate::index::prefix::TASK], |k, _| {
+            let Some(id) = k
+                .get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+            else {
+                return Ok(());
+            };
+            if let Some(t) = shared.index.stored_task(id)? {
+                if !t.meta.is_deleted() && !t.meta.status.is_terminal() {
+                    ids.push(id);
+                }
+            }
+            Ok(())
+        })?;
+    Ok(ids)
+}
+
 /// Renews the worker lease of `task` (a worker's keep-alive), if it runs and has one.
 pub(crate) fn renew_task_lease(shared: &Shared, id: u64, status: TaskStatus) {
     if !status.is_terminal() {

@@ -55,9 +55,11 @@ impl Writer {
             TaskCommand::LeaseExpired(id) => {
                 TaskReply::Expired(self.fail_leaseless_task(id, txn, buf, now)?)
             }
-            TaskCommand::Fence { id, past_version } => {
-                TaskReply::Expired(self.fence_task(id, past_version, txn, buf, now)?)
-            }
+            TaskCommand::Fence {
+                id,
+                past_version,
+                why,
+            } => TaskReply::Expired(self.fence_task(id, past_version, why, txn, buf, now)?),
             TaskCommand::PadLsns { through_lsn, max } => {
                 TaskReply::Expired(self.pad_lsns(through_lsn, max, txn, buf)?)
             }
@@ -523,6 +525,7 @@ impl Writer {
         &mut self,
         id: u64,
         past_version: u64,
+        why: &str,
         txn: &mut Txn<'_>,
         buf: &mut Vec<u8>,
         now: u64,
@@ -534,7 +537,6 @@ impl Writer {
             return Ok(false);
         };
         self.shared.task_leases.remove(id);
-        let why = "task failed: changes to it that had been acknowledged were lost at a crash";
         let mut records: Vec<Record> = (t.meta.version + 1..=past_version)
             .map(|version| {
                 Record::TaskUpdated(TaskUpdated {
