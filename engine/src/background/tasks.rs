@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::index::{task_deadline_key, TaskRead};
 use crate::mailbox::{submit, Command, Mailbox, Reply, TaskCommand, TaskReply};
 use crate::shared::Shared;
-use crate::task::TaskStatus;
+use crate::task::{TaskMeta, TaskStatus};
 
 /// Most tasks one TTL pass takes (the rest wait for the next tick).
 const TTL_PER_ROUND: usize = 1024;
@@ -66,24 +66,11 @@ fn decide(shared: &Shared, tx: &Mailbox, cmd: TaskCommand, id: u64, what: &str) 
 /// its deadline. O(tasks), scanned.
 pub(crate) fn arm_task_leases(shared: &Shared) -> Result<()> {
     let now = shared.now_ms();
-    shared
-        .index
-        .for_each_with_prefix(&[crate::index::prefix::TASK], |k, _| {
-            let Some(id) = k
-                .get(1..9)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            else {
-                return Ok(());
-            };
-            if let Some(t) = shared.index.stored_task(id)? {
-                let running = !t.meta.is_deleted() && !t.meta.status.is_terminal();
-                if let (true, Some(ms)) = (running, t.meta.worker_lease_ms) {
-                    shared.task_leases.arm_missing(id, ms, now);
-                }
-            }
-            Ok(())
-        })
+    for_each_running_task(shared, |id, meta| {
+        if let Some(ms) = meta.worker_lease_ms {
+            shared.task_leases.arm_missing(id, ms, now);
+        }
+    })
 }
 
 /// The ids of every task still running (not ended, not deleted), in id order: recovery's
@@ -93,6 +80,13 @@ pub(crate) fn arm_task_leases(shared: &Shared) -> Result<()> {
 /// Index read failures.
 pub(crate) fn running_task_ids(shared: &Shared) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
+    for_each_running_task(shared, |id, _| ids.push(id))?;
+    Ok(ids)
+}
+
+/// Calls `f` with the id and metadata of every task still running, in id order (a scan of
+/// the task keys).
+fn for_each_running_task(shared: &Shared, mut f: impl FnMut(u64, &TaskMeta)) -> Result<()> {
     shared
         .index
         .for_each_with_prefix(&[crate::index::prefix::TASK], |k, _| {
@@ -105,12 +99,11 @@ pub(crate) fn running_task_ids(shared: &Shared) -> Result<Vec<u64>> {
             };
             if let Some(t) = shared.index.stored_task(id)? {
                 if !t.meta.is_deleted() && !t.meta.status.is_terminal() {
-                    ids.push(id);
+                    f(id, &t.meta);
                 }
             }
             Ok(())
-        })?;
-    Ok(ids)
+        })
 }
 
 /// Renews the worker lease of `task` (a worker's keep-alive), if it runs and has one.
