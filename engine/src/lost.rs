@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::index::{prefix, Index, TaskRead};
+use crate::index::{Index, TaskRead};
 use crate::state::StreamState;
 use crate::task::TaskStatus;
 
@@ -67,24 +67,15 @@ impl Remembered {
 /// Every task `index` remembers (tombstones included).
 fn tasks_of(index: &Index) -> Result<Vec<RememberedTask>> {
     let mut tasks = Vec::new();
-    index.for_each_with_prefix(&[prefix::TASK], |k, _| {
-        let Some(id) = k
-            .get(1..9)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_be_bytes)
-        else {
-            return Ok(());
-        };
-        if let Some(t) = index.stored_task(id)? {
-            let deleted = t.meta.is_deleted();
-            tasks.push(RememberedTask {
-                id,
-                owner: t.meta.owner,
-                version: t.meta.version,
-                status: t.meta.status,
-                deleted,
-            });
-        }
+    index.for_each_task(|id, t| {
+        let deleted = t.meta.is_deleted();
+        tasks.push(RememberedTask {
+            id,
+            owner: t.meta.owner,
+            version: t.meta.version,
+            status: t.meta.status,
+            deleted,
+        });
         Ok(())
     })?;
     Ok(tasks)

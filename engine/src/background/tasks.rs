@@ -5,7 +5,7 @@
 //! left), and the apply rules accept a TTL end only at or past the deadline in the records.
 
 use crate::error::{Error, Result};
-use crate::index::{task_deadline_key, TaskRead};
+use crate::index::task_deadline_key;
 use crate::mailbox::{submit, Command, Mailbox, Reply, TaskCommand, TaskReply};
 use crate::shared::Shared;
 use crate::task::{TaskMeta, TaskStatus};
@@ -84,26 +84,14 @@ pub(crate) fn running_task_ids(shared: &Shared) -> Result<Vec<u64>> {
     Ok(ids)
 }
 
-/// Calls `f` with the id and metadata of every task still running, in id order (a scan of
-/// the task keys).
+/// Calls `f` with the id and metadata of every task still running, in id order.
 fn for_each_running_task(shared: &Shared, mut f: impl FnMut(u64, &TaskMeta)) -> Result<()> {
-    shared
-        .index
-        .for_each_with_prefix(&[crate::index::prefix::TASK], |k, _| {
-            let Some(id) = k
-                .get(1..9)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes)
-            else {
-                return Ok(());
-            };
-            if let Some(t) = shared.index.stored_task(id)? {
-                if !t.meta.is_deleted() && !t.meta.status.is_terminal() {
-                    f(id, &t.meta);
-                }
-            }
-            Ok(())
-        })
+    shared.index.for_each_task(|id, t| {
+        if t.is_running() {
+            f(id, &t.meta);
+        }
+        Ok(())
+    })
 }
 
 /// Renews the worker lease of `task` (a worker's keep-alive), if it runs and has one.

@@ -19,6 +19,35 @@ pub(crate) struct StoredTask {
     pub origin_lsn: u64,
 }
 
+impl StoredTask {
+    /// Neither ended nor deleted: the clocks and the fencing may still end it.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.meta.is_deleted() && !self.meta.status.is_terminal()
+    }
+}
+
+impl super::Index {
+    /// Calls `f` with the id and state of every task the index holds (tombstones included),
+    /// in id order: one scan of the task keys, for the passes that look at every task.
+    ///
+    /// # Errors
+    /// Index read or decode failures, or `f`'s.
+    pub(crate) fn for_each_task(
+        &self,
+        mut f: impl FnMut(u64, StoredTask) -> Result<()>,
+    ) -> Result<()> {
+        self.for_each_with_prefix(&[prefix::TASK], |k, v| {
+            let Some(id) = <[u8; 8]>::try_from(k.get(1..).unwrap_or_default())
+                .ok()
+                .map(u64::from_be_bytes)
+            else {
+                return Ok(());
+            };
+            f(id, decode_value(k, v)?)
+        })
+    }
+}
+
 wire_codec!(
     StoredTask,
     |s, e| {

@@ -489,10 +489,7 @@ impl Writer {
         buf: &mut Vec<u8>,
         now: u64,
     ) -> Result<bool> {
-        let Some(t) = txn
-            .stored_task(id)?
-            .filter(|t| !t.meta.is_deleted() && !t.meta.status.is_terminal())
-        else {
+        let Some(t) = txn.stored_task(id)?.filter(StoredTask::is_running) else {
             return Ok(false);
         };
         let Some(ms) = t.meta.worker_lease_ms else {
@@ -530,10 +527,7 @@ impl Writer {
         buf: &mut Vec<u8>,
         now: u64,
     ) -> Result<bool> {
-        let Some(t) = txn
-            .stored_task(id)?
-            .filter(|t| !t.meta.is_deleted() && !t.meta.status.is_terminal())
-        else {
+        let Some(t) = txn.stored_task(id)?.filter(StoredTask::is_running) else {
             return Ok(false);
         };
         self.shared.task_leases.remove(id);
