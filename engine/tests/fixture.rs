@@ -8,7 +8,9 @@
 //! printed by [`describe`]. Each fixture was generated once, by the build of its version,
 //! with `generate_fixture` below; later builds must never regenerate an old version's
 //! fixture, only add the new one's. `format-v3-tasks` does the same for the task records
-//! (16–26), added under format 3 after the `format-v3` fixture was made (`fixture/tasks.rs`).
+//! (16–27), added under format 3 after the `format-v3` fixture was made (`fixture/tasks.rs`):
+//! it also pins what routing answers (RouteTaskMessage, probed on a scratch copy) for open,
+//! answered and dead routes, one open route known only from a TaskRoutes (27) record.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "fixture/tasks.rs"]
@@ -430,10 +432,24 @@ fn format_v2_fixture_serves_identically() {
     serves_identically(2);
 }
 
-/// Durable MCP tasks in every state, written under format 3 (records 16–26).
+/// Durable MCP tasks in every state and their routes, written under format 3 (records
+/// 16–27).
 #[test]
 fn format_v3_tasks_fixture_serves_identically() {
     tasks::serves_identically();
+}
+
+/// The tasks fixture holds a record of every task type, TaskRoutes (27) included.
+#[test]
+fn format_v3_tasks_fixture_holds_every_task_record() {
+    tasks::routes::holds_every_task_record();
+}
+
+/// The tasks fixture's generator still writes every task record type with this build: its
+/// scenario keeps exercising the carry of routes (TaskRoutes) the fixture pins.
+#[test]
+fn format_v3_tasks_generator_writes_every_task_record() {
+    tasks::routes::generator_writes_every_task_record();
 }
 
 /// Writes `tests/fixtures/format-v3-tasks` (`cargo test -p cursorlog-engine --test fixture
