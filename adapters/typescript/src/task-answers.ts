@@ -12,12 +12,15 @@
  *   SDK numbers its requests from 0 in every server instance, so its ids collide across
  *   replicas and stateless servers; this one cannot). While such a request waits, A watches
  *   the task (`WatchTask`); when the task's inbound queue (channel 1) holds messages, A takes
- *   them (`DequeueTaskMessages`, a fresh token per dequeue, resent with the same token) and
+ *   them (`DequeueTaskMessages`, a fresh token per dequeue, resent with the same token until
+ *   answered, also by the next watch call after a failover) and
  *   hands each to the server that asked, under the SDK's own id, through its transport's
  *   `onmessage`: the SDK's resolver fires and `elicitInput` resolves. The watch ends when no
  *   request of the task waits any more (answered, timed out, server closed) or the task ends
  *   (its waiting requests then fail as the SDK fails them: InternalError "Task cancelled or
- *   completed").
+ *   completed"). A watch call that fails (a cursorlog failover) or ends early is opened again
+ *   on the leader after a backoff for as long as a request waits; the requests' own timeouts
+ *   bound the wait (a timed-out request is noticed within `recheckMs`).
  * - **On C** ({@link TaskAnswers.route}): a POSTed JSON-RPC response (or error response) for
  *   which the local SDK has no pending request is given to `RouteTaskMessage(owner,
  *   correlation = its id)`. cursorlog appends it to the task's inbound queue and closes the
@@ -26,6 +29,7 @@
  *   as for any accepted response). What was not routed stays, and the SDK treats it as before.
  */
 import { randomUUID } from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import * as grpc from '@grpc/grpc-js';
 import { CursorlogError, type CursorlogClient } from './client.js';
 import type { Logger } from './core.js';
@@ -39,6 +43,12 @@ export const TASK_REQUEST_ID_PREFIX = 'cursorlog-task-';
 /** JSON-RPC InternalError: how the SDK fails a request of a task that ended (`_clearTaskQueue`). */
 const INTERNAL_ERROR = -32603;
 const TERMINAL: ReadonlySet<string> = new Set(['COMPLETED', 'FAILED', 'CANCELLED']);
+/** First wait before a watch is opened again after its call failed or ended, ms; doubled each time in a row. */
+const REWATCH_MIN_MS = 50;
+/** Longest wait before a watch is opened again, ms. */
+const REWATCH_MAX_MS = 2_000;
+/** How often a watch checks that its requests still wait (the SDK says nothing when one times out), ms. */
+export const DEFAULT_RECHECK_MS = 1_000;
 
 /** Counters of a {@link TaskAnswers} (tests, diagnostics). */
 export interface TaskAnswersStats {
@@ -54,6 +64,8 @@ export interface TaskAnswersStats {
   unmatched: number;
   /** Watches started. */
   watches: number;
+  /** Watches opened again after their call failed or ended (a cursorlog failover). */
+  reopened: number;
 }
 
 /** A request of this replica waiting for its answer through cursorlog. */
@@ -87,11 +99,22 @@ export class TaskAnswers {
   private idleWaiters: (() => void)[] = [];
   private warnedUnimplemented = false;
   /** Counters (tests, diagnostics). */
-  readonly stats: TaskAnswersStats = { routed: 0, duplicates: 0, notRouted: 0, delivered: 0, unmatched: 0, watches: 0 };
+  readonly stats: TaskAnswersStats = { routed: 0, duplicates: 0, notRouted: 0, delivered: 0, unmatched: 0, watches: 0, reopened: 0 };
+  /**
+   * What the watches do, for tests and diagnostics: `view` (task id) when a watch received the
+   * task's state, `reopen` (task id) when it watches again after its call failed or ended.
+   */
+  readonly events = new EventEmitter();
 
+  /**
+   * @param recheckMs how often a watch checks that its requests still wait: one that timed
+   *   out, or whose server closed, releases the watch within this time even when the task
+   *   does not change.
+   */
   constructor(
     readonly client: CursorlogClient,
     readonly log: Logger,
+    readonly recheckMs: number = DEFAULT_RECHECK_MS,
   ) {}
 
   /** Watches running now. */
@@ -172,31 +195,45 @@ export class TaskAnswers {
 
   /** A watch saw the task: takes its answers when some wait; true when the watch is over. */
   async onView(w: TaskWatch, r: PbGetTaskResponse): Promise<boolean> {
+    this.events.emit('view', w.taskId);
     const task = r.view?.task;
     const ended = r.verdict !== 'TASK_FOUND' || task === undefined || TERMINAL.has(task.status);
-    if (ended || Number(r.view?.inboundQueued ?? 0) > 0) await this.drain(w);
+    // A dequeue whose outcome is unknown may hold answers the view no longer counts: resend it.
+    if (ended || Number(r.view?.inboundQueued ?? 0) > 0 || w.dequeueToken !== undefined) await this.drain(w);
     if (ended) {
       this.failAll(w, 'Task cancelled or completed');
       return true;
     }
-    // Requests the SDK stopped waiting for (timed out, aborted, server closed) need no answer.
+    this.sweep(w);
+    return w.requests.size === 0;
+  }
+
+  /** Releases the requests of `w` the SDK stopped waiting for (timed out, aborted, server closed): they need no answer. */
+  sweep(w: TaskWatch): void {
     for (const routeId of [...w.requests]) {
       const p = this.pending.get(routeId);
       if (p === undefined || !waitsForResponse(p.protocol, p.id)) this.release(routeId);
     }
-    return w.requests.size === 0;
   }
 
   /** Takes every message of the task's inbound queue and hands each to the request it answers. */
   private async drain(w: TaskWatch): Promise<void> {
     let response;
+    // A fresh token per dequeue, kept until the dequeue is answered: the client resends it
+    // unchanged within its deadline, and the watch resends it after that (cursorlog keeps the
+    // last batch under its token), so answers a dequeue took before its response was lost
+    // are not lost with it.
+    w.dequeueToken ??= randomUUID();
     try {
-      // A fresh token per dequeue; the client resends it unchanged, so a retry answers the same messages.
-      response = await this.client.call('DequeueTaskMessages', { owner: w.owner, taskId: w.taskId, channel: INBOUND, maxMessages: 0, token: randomUUID() });
+      response = await this.client.call('DequeueTaskMessages', { owner: w.owner, taskId: w.taskId, channel: INBOUND, maxMessages: 0, token: w.dequeueToken });
     } catch (error) {
-      if (error instanceof CursorlogError && error.code === grpc.status.NOT_FOUND) return;
+      if (error instanceof CursorlogError && error.code === grpc.status.NOT_FOUND) {
+        w.dequeueToken = undefined;
+        return;
+      }
       throw error;
     }
+    w.dequeueToken = undefined;
     for (const m of response.messages ?? []) this.deliver(w, (m.message ?? Buffer.alloc(0)).toString('utf8'));
   }
 
@@ -259,9 +296,13 @@ export class TaskAnswers {
 class TaskWatch {
   /** Route ids of the requests waiting on this task. */
   readonly requests = new Set<string>();
+  /** The token of a dequeue not answered yet (outcome unknown): the next dequeue resends it. */
+  dequeueToken: string | undefined;
   done = false;
   private running = false;
   private stream: grpc.ClientReadableStream<PbGetTaskResponse> | undefined;
+  private recheck: NodeJS.Timeout | undefined;
+  private pause: { timer: NodeJS.Timeout; wake: () => void } | undefined;
 
   constructor(
     private readonly answers: TaskAnswers,
@@ -273,6 +314,9 @@ class TaskWatch {
     if (this.running || this.done) return;
     this.running = true;
     this.answers.stats.watches += 1;
+    // The SDK says nothing when a request times out: look, so the watch ends with its last request.
+    this.recheck = setInterval(() => this.answers.sweep(this), this.answers.recheckMs);
+    this.recheck.unref();
     void this.run()
       .catch((error: unknown) => {
         this.answers.log('warn', 'watching a task for answers failed; its waiting requests fail', { task: this.taskId, error: String(error) });
@@ -280,19 +324,50 @@ class TaskWatch {
       })
       .finally(() => {
         this.done = true;
+        this.clearTimers();
         this.answers.ended(this);
       });
   }
 
   stop(): void {
     this.done = true;
+    this.clearTimers();
     this.stream?.cancel();
     if (!this.running) this.answers.ended(this);
   }
 
+  private clearTimers(): void {
+    if (this.recheck !== undefined) clearInterval(this.recheck);
+    this.recheck = undefined;
+    if (this.pause !== undefined) {
+      clearTimeout(this.pause.timer);
+      this.pause.wake();
+      this.pause = undefined;
+    }
+  }
+
+  /** Waits `ms` (or until {@link stop}). */
+  private wait(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.pause = undefined;
+        resolve();
+      }, ms);
+      this.pause = { timer, wake: resolve };
+    });
+  }
+
+  /**
+   * Watches until the task ends or no request waits. A watch call that fails with UNAVAILABLE
+   * (a failover: the member stopped leading or died), ends without the task's end, or whose
+   * dequeue failed retryably is opened again after a backoff (growing while calls in a row see
+   * no change of the task), for as long as a request waits: the requests' own timeouts bound
+   * it, not a call deadline. Other failures fail the waiting requests.
+   */
   private async run(): Promise<void> {
     const client = this.answers.client;
-    let outage: number | undefined;
+    /** Watch calls in a row that saw no change of the task. */
+    let streak = 0;
     while (!this.done) {
       // Always from version 0: the first message is the task as it is now, so a watch opened
       // again after a failure also sees answers queued meanwhile.
@@ -300,21 +375,37 @@ class TaskWatch {
       this.stream = stream;
       // An error after cancel() is expected; without a listener it would be thrown.
       stream.on('error', () => {});
+      let hinted = 0;
       try {
+        let views = 0;
         for await (const r of stream as AsyncIterable<PbGetTaskResponse>) {
-          outage = undefined;
+          views += 1;
+          // A second view is a change seen live: this watch works.
+          if (views > 1) streak = 0;
           client.router.succeeded(address);
           if (await this.answers.onView(this, r)) return;
           if (this.done) return;
         }
+        if (this.done) return;
       } catch (error) {
         if (this.done) return;
-        const wait = client.failedOn(address, error);
-        const now = Date.now();
-        outage ??= now + client.callDeadlineMs;
-        if (wait === undefined || now + wait >= outage) throw error;
-        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        if (error instanceof CursorlogError) {
+          // The dequeue (its client already retried within its deadline): resent on the next view.
+          if (!error.retryable) throw error;
+        } else {
+          const wait = client.failedOn(address, error);
+          if (wait === undefined) throw error;
+          hinted = wait;
+        }
+      } finally {
+        // Left early (task ended, a dequeue failed): end the call, and its slot in cursorlog.
+        stream.cancel();
       }
+      await this.wait(Math.max(hinted, Math.min(REWATCH_MAX_MS, REWATCH_MIN_MS * 2 ** Math.min(streak, 16))));
+      streak += 1;
+      if (this.done) return;
+      this.answers.stats.reopened += 1;
+      this.answers.events.emit('reopen', this.taskId);
     }
   }
 }

@@ -15,6 +15,7 @@
  * the same `ownerOf`.
  */
 import { randomUUID } from 'node:crypto';
+import type { EventEmitter } from 'node:events';
 import * as grpc from '@grpc/grpc-js';
 import type { QueuedMessage, TaskMessageQueue } from '@modelcontextprotocol/sdk/experimental/tasks';
 import { CursorlogError, CursorlogMcpError, type CursorlogClient } from './client.js';
@@ -32,6 +33,11 @@ export interface TaskMessageQueueOptions {
   ownerOf?: (sessionId: string | undefined) => string;
   /** Log sink (default: the package's `defaultLogger`). */
   logger?: Logger;
+  /**
+   * How often a task watched for answers checks that its requests still wait, ms (default
+   * 1000): a watch ends within this time of its last request timing out.
+   */
+  answerRecheckMs?: number;
 }
 
 /** The queue of a task is full (`maxSize`, or the server's bound). Thrown by `enqueue`, as the SDK's in-memory queue throws. */
@@ -55,7 +61,7 @@ export class CursorlogTaskMessageQueue implements TaskMessageQueue {
     options: TaskMessageQueueOptions = {},
   ) {
     this.ownerOf = options.ownerOf ?? sessionOwner;
-    this.answers = new TaskAnswers(client, options.logger ?? defaultLogger);
+    this.answers = new TaskAnswers(client, options.logger ?? defaultLogger, options.answerRecheckMs);
   }
 
   /**
@@ -93,6 +99,11 @@ export class CursorlogTaskMessageQueue implements TaskMessageQueue {
   /** Counters of the answer routing (tests, diagnostics). */
   get answerStats(): Readonly<TaskAnswersStats> {
     return this.answers.stats;
+  }
+
+  /** The answer routing's `view` and `reopen` events (see `TaskAnswers.events`; tests, diagnostics). */
+  get answerEvents(): EventEmitter {
+    return this.answers.events;
   }
 
   /** Watches of tasks with requests waiting for answers, running now. */
