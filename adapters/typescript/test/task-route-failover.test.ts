@@ -90,4 +90,42 @@ describe('a task answer routed across a failover of cursorlog (issue 20 item 2)'
     await within(r.A.queue.whenIdle(), GUARD_MS, "A's watch to end");
     assert.equal(await inboundLeft(r.A, transport.sessionId!, task.taskId), 0, 'nothing left in the inbound queue');
   });
+
+  for (const side of ['A dequeues', 'C routes'] as const) {
+    it(`leader SIGKILLed while ${side} the answer (outcome unknown): A resumes once, nothing is left queued`, async () => {
+      const cluster = await CursorlogCluster.start();
+      teardown.push(() => cluster.stop());
+      const probe = new CursorlogClient({ address: cluster.list, deadlineMs: GUARD_MS });
+      teardown.push(async () => probe.close());
+      const r: Record<Target, TaskReplica> = await replicas(cluster.list, true, { deadlineMs: GUARD_MS });
+      teardown.push(() => Promise.all(Object.values(r).map((x) => x.stop())).then(() => undefined));
+      const leader = await within(leaderOf(probe), GUARD_MS, 'the leader');
+      // The kill goes out with the call: it may be applied before the leader dies, or not.
+      let killed: Promise<void> | undefined;
+      const grpcX = side === 'A dequeues' ? r.A.cursorlog.client : r.C.cursorlog.client;
+      const rpcX = side === 'A dequeues' ? 'DequeueTaskMessages' : 'RouteTaskMessage';
+      const call = grpcX.call.bind(grpcX);
+      grpcX.call = ((rpc: string, request: { channel?: number }) => {
+        const response = call(rpc as never, request as never);
+        if (rpc === rpcX && (rpc === 'RouteTaskMessage' || request.channel === 1) && killed === undefined) killed = cluster.kill(leader);
+        return response;
+      }) as typeof grpcX.call;
+      const { client, transport, elicited } = await connect(r, { answer: () => ['C'] }, () => ({ action: 'accept', content: { name: 'Eve' } }));
+      teardown.push(() => client.close());
+
+      const { task } = await client.request({ method: 'tools/call', params: { name: 'ask', arguments: {}, task: { ttl: 120_000 } } }, CreateTaskResultSchema);
+      const failed = r.A.asked[0]!.answer.then(() => new Promise<never>(() => {}));
+      const got = await within(Promise.race([client.experimental.tasks.getTaskResult(task.taskId, CallToolResultSchema), failed]), GUARD_MS, 'the task result through B');
+      assert.deepEqual(got.content, [{ type: 'text', text: 'hello Eve from A' }]);
+      assert.ok(killed !== undefined, `the leader was killed as ${side}`);
+      await killed;
+      assert.deepEqual(elicited, ['your name?']);
+      assert.equal(r.C.queue.answerStats.routed, 1);
+      assert.equal(r.A.queue.answerStats.delivered, 1);
+      assert.equal(r.A.queue.answerStats.unmatched, 0);
+      await within(r.A.queue.whenIdle(), GUARD_MS, "A's watch to end");
+      assert.notEqual(await within(leaderOf(probe), GUARD_MS, 'a new leader'), leader);
+      assert.equal(await inboundLeft(r.A, transport.sessionId!, task.taskId), 0, 'nothing left in the inbound queue');
+    });
+  }
 });
