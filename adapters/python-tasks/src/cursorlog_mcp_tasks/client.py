@@ -6,7 +6,8 @@ Every call runs on one private event loop in a daemon thread, whatever loop the 
 A ``grpc.aio`` channel belongs to the loop that made it, and one left open when its loop closes
 gets its callbacks scheduled on a closed loop ("Event loop is closed"); callers whose loops come
 and go (the SDK's tests, a worker per request) therefore share one channel on a loop that never
-closes. A cancelled caller cancels its call there."""
+closes. A cancelled caller cancels its call there and returns once it has ended there (its
+stream closed), so a cancelled watch holds no server slot after its caller moved on."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import grpc
 
 from ._proto import tasks_pb2 as pb
@@ -23,6 +25,10 @@ from ._proto import tasks_pb2_grpc as pb_grpc
 T = TypeVar("T")
 
 LEADER_HEADER = "cursorlog-leader"
+
+# How long a cancelled caller waits for its call to end on the gRPC loop (a cancel there is
+# immediate; the bound only keeps a wedged loop from holding the caller forever).
+_CANCEL_WAIT_S = 5.0
 
 _IO_LOCK = threading.Lock()
 _IO_LOOP: asyncio.AbstractEventLoop | None = None
@@ -41,8 +47,33 @@ def _io_loop() -> asyncio.AbstractEventLoop:
 
 
 async def _on_io_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """Runs ``coro`` on the gRPC loop and awaits it from the caller's loop (cancellation included)."""
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, _io_loop()))
+    """Runs ``coro`` on the gRPC loop and awaits it from the caller's loop. A cancelled caller
+    cancels ``coro`` there and waits (shielded, bounded) until it has ended, so its ``finally``
+    blocks (a stream's cancel) ran before the caller moves on."""
+    caller = asyncio.get_running_loop()
+    ended = caller.create_future()
+
+    def mark_ended() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    async def run() -> T:
+        try:
+            return await coro
+        finally:
+            try:
+                caller.call_soon_threadsafe(mark_ended)
+            except RuntimeError:
+                pass  # the caller's loop is closed: nobody waits
+
+    future = asyncio.run_coroutine_threadsafe(run(), _io_loop())
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        future.cancel()
+        with anyio.move_on_after(_CANCEL_WAIT_S, shield=True):
+            await ended
+        raise
 
 
 class TasksClient:
@@ -58,6 +89,12 @@ class TasksClient:
         self._token = token
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}  # touched on the gRPC loop only
+        self._open_watches = 0  # changed on the gRPC loop only
+
+    @property
+    def open_watches(self) -> int:
+        """``WatchTask`` streams open now (each holds one of the server's ``--read-calls-max``)."""
+        return self._open_watches
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self._token}"),) if self._token else ()
@@ -109,6 +146,7 @@ class TasksClient:
         self, request: pb.WatchTaskRequest, done: Callable[[pb.GetTaskResponse], bool]
     ) -> pb.GetTaskResponse | None:
         call = self._stub(self._current).WatchTask(request, metadata=self._metadata())
+        self._open_watches += 1
         try:
             async for response in call:
                 if done(response):
@@ -116,6 +154,7 @@ class TasksClient:
             return None
         finally:
             call.cancel()
+            self._open_watches -= 1
 
     async def close(self) -> None:
         """Closes the channels."""

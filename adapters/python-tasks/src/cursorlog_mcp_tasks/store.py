@@ -5,13 +5,17 @@ every replica of an MCP server reads, updates and cancels the same tasks (docs/T
 from __future__ import annotations
 
 import json
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import anyio
 import grpc
+from mcp.server.experimental.task_context import ServerTaskContext
 from mcp.shared.experimental.tasks.helpers import is_terminal
 from mcp.shared.experimental.tasks.store import TaskStore
 from mcp.types import (
@@ -25,8 +29,11 @@ from mcp.types import (
 )
 from pydantic import ValidationError
 
+from . import _sdk
 from ._proto import tasks_pb2 as pb
 from .client import TasksClient
+
+log = logging.getLogger(__name__)
 
 _TO_PB: dict[str, pb.TaskStatus] = {
     "working": pb.WORKING,
@@ -51,6 +58,25 @@ _SEEN_MAX = 10_000
 # The result types a task of the SDK ends with, most specific first (a stored result is JSON;
 # ``get_result`` gives back the SDK type it validates as, or a plain ``Result``).
 _RESULT_TYPES: tuple[type[Result], ...] = (CreateMessageResult, CallToolResult, ElicitResult)
+
+# A watch of a running task ends when the server ends its stream after the task's end; a stream
+# that ends before (it should not) is opened again from the last version, this many times.
+_REWATCH_MAX = 3
+
+TaskWork = Callable[[ServerTaskContext], Awaitable[Result]]
+"""The work ``run_task`` runs: it gets the task's context and returns the task's result."""
+
+
+@dataclass
+class _Run:
+    """One run of a ``cancellable`` work: ``own_end`` is set before the work (or its wrapper)
+    writes an end of its own task, so the watch does not take that end for someone else's."""
+
+    task_id: str
+    own_end: bool = False
+
+
+_RUN: ContextVar[_Run | None] = ContextVar("cursorlog_mcp_tasks_run", default=None)
 
 
 class CursorlogTaskStoreError(RuntimeError):
@@ -244,6 +270,9 @@ class CursorlogTaskStore(TaskStore):
     async def _finish(
         self, task_id: str, status: TaskStatus, status_message: str | None, outcome: pb.TaskOutcome | None = None
     ) -> Task:
+        run = _RUN.get()
+        if run is not None and run.task_id == task_id:
+            run.own_end = True  # before the write: its watch may see the end before we do
         request = pb.FinishTaskRequest(owner=self.owner, task_id=task_id, status=_TO_PB[status])
         if status_message is not None:
             request.status_message = status_message
@@ -357,6 +386,113 @@ class CursorlogTaskStore(TaskStore):
         self._wake(task_id)
 
     # -- beyond the interface -------------------------------------------------------------------------------
+    def cancellable(self, work: TaskWork) -> TaskWork:
+        """``work`` for ``run_task``, stopped when its task ends by any other hand: a
+        ``tasks/cancel`` on this replica or on another (any replica on the same cursorlog and
+        owner), the leader failing it (worker lease), a delete or an expiry.
+
+            return await ctx.experimental.run_task(store.cancellable(work))
+
+        mcp 1.30's ``tasks/cancel`` only writes ``cancelled`` to the store: nothing tells the
+        running work, and when the work returns the SDK's runner writes ``completed`` over the
+        ended task, is refused, and fails the server's task group. The wrapper watches the
+        task (one ``WatchTask`` stream, closed when the task ends or the work returns); on an
+        end it did not write, it calls ``task.request_cancellation()`` (the SDK's flag,
+        ``task.is_cancelled``) and then cancels the work's anyio scope (work that awaits gets
+        the backend's cancellation exception). It then hands the SDK the ended task, so nothing
+        is written after the end. A work that returns or raises is completed or failed here as
+        the SDK's runner would; an end written by the work itself (``task.complete``) does not
+        stop it. ``SdkMismatchError`` on an ``mcp`` other than 1.30.x (see ``_sdk.py``)."""
+        _sdk.check_sdk()
+
+        async def run(task: ServerTaskContext) -> Result:
+            _sdk.inner_context(task)  # a mismatched SDK fails before the work starts
+            return await self._run_cancellable(task, work)
+
+        return run
+
+    async def _run_cancellable(self, task: ServerTaskContext, work: TaskWork) -> Result:
+        run = _Run(task.task_id)
+        work_scope = anyio.CancelScope()
+        ended: list[Task] = []  # the end another hand gave the task, once the watch saw it
+        result: Result | None = None
+        error: Exception | None = None
+
+        async def watch() -> None:
+            response = await self._watch_end(task.task_id)
+            if response is None or run.own_end:
+                return  # not watchable (logged), or the end is the work's own
+            ended.append(self._ended_task(response, task.task))
+            task.request_cancellation()  # the SDK's flag, for work that polls it
+            work_scope.cancel()  # and an interrupt, for work that awaits
+
+        token = _RUN.set(run)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(watch)
+                with work_scope:
+                    try:
+                        result = await work(task)
+                    except Exception as e:  # as the SDK's runner: it fails the task
+                        error = e
+                group.cancel_scope.cancel()  # the work is over: so is its watch
+            if not ended and not is_terminal(task.task.status):
+                try:
+                    if error is None and result is not None:
+                        await task.complete(result)
+                    else:
+                        await task.fail(str(error))
+                except ValueError:
+                    # The end lost to another hand's (a cancel racing the result).
+                    current = await self.get_task(task.task_id)
+                    if current is not None and not is_terminal(current.status):
+                        raise
+                    ended.append(current or self._ended_task(None, task.task))
+        finally:
+            _RUN.reset(token)
+        if ended:
+            if error is not None:
+                log.debug("task %s ended by another hand; its work raised %r", task.task_id, error)
+            _sdk.adopt_end(task, ended[0])
+        return result if result is not None else Result()
+
+    @staticmethod
+    def _ended_task(response: pb.GetTaskResponse | None, last: Task) -> Task:
+        """The end a watch saw; for a deleted or expired task (no end to show), ``last`` marked
+        failed: the SDK reads it only to know that it must write nothing."""
+        if response is not None and response.verdict == pb.TASK_FOUND:
+            return to_mcp_task(response.view.task)
+        return last.model_copy(update={"status": "failed", "statusMessage": "deleted or expired while its work ran"})
+
+    async def _watch_end(self, task_id: str) -> pb.GetTaskResponse | None:
+        """Follows ``WatchTask`` until the task ends (a terminal status, deleted, expired): the
+        response that says so. ``None`` when it cannot be followed (logged): the work then runs
+        on unwatched, and its end is refused by the store if the task ended meanwhile."""
+        after = 0
+
+        def ended(response: pb.GetTaskResponse) -> bool:
+            nonlocal after
+            if response.verdict != pb.TASK_FOUND:
+                return True
+            after = max(after, response.view.task.version)
+            return is_terminal(_FROM_PB[response.view.task.status])
+
+        for _ in range(_REWATCH_MAX):
+            request = pb.WatchTaskRequest(owner=self.owner, task_id=task_id, after_version=after)
+            try:
+                response = await self.client.watch_until(request, ended)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return pb.GetTaskResponse(verdict=pb.TASK_DELETED)
+                log.warning("task %s: cannot watch for its end (%s: %s)", task_id, e.code().name, e.details())
+                return None
+            if response is not None:
+                if response.verdict == pb.TASK_FOUND:
+                    self._saw(response.view.task)
+                return response
+        log.warning("task %s: its watch kept ending before the task did", task_id)
+        return None
+
     async def keep_alive(self, task_id: str) -> None:
         """Renews the task's worker lease (``KeepAliveTask``)."""
         request = pb.KeepAliveTaskRequest(owner=self.owner, task_id=task_id)
