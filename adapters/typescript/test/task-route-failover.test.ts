@@ -12,7 +12,8 @@ import { once } from 'node:events';
 import { afterEach, describe, it } from 'node:test';
 import { CreateTaskResultSchema } from '@modelcontextprotocol/sdk/experimental/tasks';
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
-import { CursorlogClient } from '../src/client.js';
+import * as grpc from '@grpc/grpc-js';
+import { CursorlogClient, CursorlogError } from '../src/client.js';
 import { CursorlogCluster } from './harness.js';
 import { connect, inboundLeft, replicas, within, type Target, type TaskReplica } from './task-replicas.js';
 
@@ -128,4 +129,32 @@ describe('a task answer routed across a failover of cursorlog (issue 20 item 2)'
       assert.equal(await inboundLeft(r.A, transport.sessionId!, task.taskId), 0, 'nothing left in the inbound queue');
     });
   }
+
+  it("a dequeue of the answer whose response was lost: A's re-watch resends its token (a new one found nothing: the answer was lost)", async () => {
+    const cluster = await CursorlogCluster.start();
+    teardown.push(() => cluster.stop());
+    const r: Record<Target, TaskReplica> = await replicas(cluster.list, true, { deadlineMs: GUARD_MS });
+    teardown.push(() => Promise.all(Object.values(r).map((x) => x.stop())).then(() => undefined));
+    const grpcA = r.A.cursorlog.client;
+    const call = grpcA.call.bind(grpcA);
+    const tokens: string[] = [];
+    grpcA.call = (async (rpc: string, request: { channel?: number; token?: string }) => {
+      const response = await call(rpc as never, request as never);
+      if (rpc === 'DequeueTaskMessages' && request.channel === 1) {
+        tokens.push(request.token ?? '');
+        // Applied, but the response lost past the client's retries: the outcome is unknown to A.
+        if (tokens.length === 1) throw new CursorlogError(rpc, grpc.status.UNAVAILABLE, 'response lost (test)');
+      }
+      return response;
+    }) as typeof grpcA.call;
+    const { client } = await connect(r, { answer: () => ['C'] }, () => ({ action: 'accept', content: { name: 'Flo' } }));
+    teardown.push(() => client.close());
+    const { task } = await client.request({ method: 'tools/call', params: { name: 'ask', arguments: {}, task: { ttl: 120_000 } } }, CreateTaskResultSchema);
+    const failed = r.A.asked[0]!.answer.then(() => new Promise<never>(() => {}));
+    const got = await within(Promise.race([client.experimental.tasks.getTaskResult(task.taskId, CallToolResultSchema), failed]), GUARD_MS, 'the task result');
+    assert.deepEqual(got.content, [{ type: 'text', text: 'hello Flo from A' }]);
+    assert.deepEqual(tokens, [tokens[0], tokens[0]], 'the same token twice');
+    assert.equal(r.A.queue.answerStats.delivered, 1);
+    assert.ok(r.A.queue.answerStats.reopened >= 1);
+  });
 });
