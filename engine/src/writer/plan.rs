@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 
 mod live;
 mod task;
+mod task_end;
 mod task_queue;
 use live::named_session;
 
