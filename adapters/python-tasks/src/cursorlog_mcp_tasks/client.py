@@ -1,6 +1,7 @@
 """A small gRPC client for ``cursorlog.v1.Tasks``: the bearer token on every call, and a
 follower's redirect (UNAVAILABLE naming the leader in the ``cursorlog-leader`` header) followed
-once.
+once. A watch that fails with UNAVAILABLE moves the client on (to the leader named, else to the
+next member) for whoever re-opens it.
 
 Every call runs on one private event loop in a daemon thread, whatever loop the caller runs on.
 A ``grpc.aio`` channel belongs to the loop that made it, and one left open when its loop closes
@@ -85,6 +86,7 @@ class TasksClient:
         members = [m for m in members if m]
         if not members:
             raise ValueError("cursorlog target must name at least one host:port")
+        self._members = members
         self._current = members[0]
         self._token = token
         self.timeout_s = timeout_s
@@ -145,16 +147,34 @@ class TasksClient:
     async def _watch_until(
         self, request: pb.WatchTaskRequest, done: Callable[[pb.GetTaskResponse], bool]
     ) -> pb.GetTaskResponse | None:
-        call = self._stub(self._current).WatchTask(request, metadata=self._metadata())
+        address = self._current
+        call = self._stub(address).WatchTask(request, metadata=self._metadata())
         self._open_watches += 1
         try:
             async for response in call:
                 if done(response):
                     return response  # type: ignore[no-any-return]
             return None
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                self._move_on(address, self._leader_of(e))
+            raise
         finally:
             call.cancel()
             self._open_watches -= 1
+
+    def _move_on(self, address: str, leader: str | None) -> None:
+        """After ``address`` failed with UNAVAILABLE: the next call goes to the leader it named,
+        else (it died, or knows no leader: an election) to the member after it in the list.
+        Nothing moves if another call already moved on from ``address``."""
+        if self._current != address:
+            return
+        if leader is not None and leader != address:
+            self._current = leader
+        elif address in self._members:
+            self._current = self._members[(self._members.index(address) + 1) % len(self._members)]
+        else:  # a leader the hint named, not in the list, is down: start over
+            self._current = self._members[0]
 
     async def close(self) -> None:
         """Closes the channels."""

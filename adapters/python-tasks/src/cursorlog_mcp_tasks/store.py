@@ -60,8 +60,11 @@ _SEEN_MAX = 10_000
 _RESULT_TYPES: tuple[type[Result], ...] = (CreateMessageResult, CallToolResult, ElicitResult)
 
 # A watch of a running task ends when the server ends its stream after the task's end; a stream
-# that ends before (it should not) is opened again from the last version, this many times.
-_REWATCH_MAX = 3
+# that breaks before (UNAVAILABLE: the member stopped leading or died; or ended early) is opened
+# again from the last version seen, on the leader named or the next member, after a pause that
+# starts here and doubles up to the cap, for as long as the work runs.
+_REWATCH_FIRST_S = 0.05
+_REWATCH_MAX_S = 2.0
 
 TaskWork = Callable[[ServerTaskContext], Awaitable[Result]]
 """The work ``run_task`` runs: it gets the task's context and returns the task's result."""
@@ -466,8 +469,10 @@ class CursorlogTaskStore(TaskStore):
 
     async def _watch_end(self, task_id: str) -> pb.GetTaskResponse | None:
         """Follows ``WatchTask`` until the task ends (a terminal status, deleted, expired): the
-        response that says so. ``None`` when it cannot be followed (logged): the work then runs
-        on unwatched, and its end is refused by the store if the task ended meanwhile."""
+        response that says so. A stream that breaks (UNAVAILABLE, or ended before the task) is
+        re-opened from the last version seen with a bounded backoff, until the caller (the work's
+        end) cancels this. ``None`` on any other error (logged): the work then runs on
+        unwatched, and its end is refused by the store if the task ended meanwhile."""
         after = 0
 
         def ended(response: pb.GetTaskResponse) -> bool:
@@ -477,21 +482,29 @@ class CursorlogTaskStore(TaskStore):
             after = max(after, response.view.task.version)
             return is_terminal(_FROM_PB[response.view.task.status])
 
-        for _ in range(_REWATCH_MAX):
+        pause = _REWATCH_FIRST_S
+        while True:
+            before = after
             request = pb.WatchTaskRequest(owner=self.owner, task_id=task_id, after_version=after)
             try:
                 response = await self.client.watch_until(request, ended)
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     return pb.GetTaskResponse(verdict=pb.TASK_DELETED)
-                log.warning("task %s: cannot watch for its end (%s: %s)", task_id, e.code().name, e.details())
-                return None
-            if response is not None:
-                if response.verdict == pb.TASK_FOUND:
-                    self._saw(response.view.task)
-                return response
-        log.warning("task %s: its watch kept ending before the task did", task_id)
-        return None
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    log.warning("task %s: cannot watch for its end (%s: %s)", task_id, e.code().name, e.details())
+                    return None
+                log.info("task %s: watch broke (%s), re-opening after version %d", task_id, e.details(), after)
+            else:
+                if response is not None:
+                    if response.verdict == pb.TASK_FOUND:
+                        self._saw(response.view.task)
+                    return response
+                log.info("task %s: watch ended before the task, re-opening after version %d", task_id, after)
+            if after > before:
+                pause = _REWATCH_FIRST_S  # that stream worked for a while: a fresh failure
+            await anyio.sleep(pause)  # a backoff between attempts, cancelled with the work's end
+            pause = min(pause * 2, _REWATCH_MAX_S)
 
     async def keep_alive(self, task_id: str) -> None:
         """Renews the task's worker lease (``KeepAliveTask``)."""
