@@ -556,6 +556,20 @@ fn generate_fixture() {
         "{} exists: fixtures are never regenerated",
         root.display()
     );
+    let data = generate_into(&root, generate);
+    let e = Engine::open(serving_config(&data)).unwrap();
+    let text = describe(&e, version);
+    e.close().unwrap();
+    drop(e);
+    // Opening wrote an index and a lock: the fixture is the segments alone.
+    std::fs::remove_dir_all(data.join("index")).unwrap();
+    let _ = std::fs::remove_file(data.join("LOCK"));
+    std::fs::write(root.join("expected.txt"), text).unwrap();
+}
+
+/// Runs `generate` on a temporary directory and keeps its segments (only: the index is
+/// derived) in `<root>/data`, which it returns.
+fn generate_into(root: &Path, generate: impl FnOnce(&Path)) -> PathBuf {
     let tmp = tempfile::tempdir().unwrap();
     generate(tmp.path());
     let data = root.join("data");
@@ -567,12 +581,5 @@ fn generate_fixture() {
             std::fs::copy(entry.path(), data.join(&name)).unwrap();
         }
     }
-    let e = Engine::open(serving_config(&data)).unwrap();
-    let text = describe(&e, version);
-    e.close().unwrap();
-    drop(e);
-    // Opening wrote an index and a lock: the fixture is the segments alone.
-    std::fs::remove_dir_all(data.join("index")).unwrap();
-    let _ = std::fs::remove_file(data.join("LOCK"));
-    std::fs::write(root.join("expected.txt"), text).unwrap();
+    data
 }
