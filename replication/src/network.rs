@@ -53,7 +53,10 @@ use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::append_limit::{answer_for_prefix, prefix_to_send, APPEND_BYTES_MAX};
+use crate::append_limit::{
+    answer_for_prefix, append_deadline, prefix_to_send, request_bytes, AppendBudget,
+    APPEND_BYTES_MAX,
+};
 pub use crate::client_options::{ClientOptions, OptionsError, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::codec::{self, SnapshotHead};
 use crate::identity::{ClusterIdentity, CLUSTER_HEADER};
@@ -82,6 +85,8 @@ pub struct NetworkFactory<SD> {
     /// This node's cluster identity, sent on every request once known.
     identity: Option<ClusterIdentity>,
     channels: HashMap<String, Channel>,
+    /// Each peer's AppendEntries budget, kept across the clients openraft asks for.
+    budgets: HashMap<NodeId, AppendBudget>,
     _snapshot: PhantomData<fn() -> SD>,
 }
 
@@ -103,6 +108,7 @@ impl<SD> NetworkFactory<SD> {
             options,
             identity: None,
             channels: HashMap::new(),
+            budgets: HashMap::new(),
             _snapshot: PhantomData,
         }
     }
@@ -129,6 +135,11 @@ impl<SD> NetworkFactory<SD> {
             }),
         };
         let max = self.options.max_message_bytes;
+        let budget = self
+            .budgets
+            .entry(target)
+            .or_insert_with(|| AppendBudget::new(APPEND_BYTES_MAX))
+            .clone();
         NetworkClient {
             id: self.id,
             target,
@@ -142,6 +153,7 @@ impl<SD> NetworkFactory<SD> {
             authorization: self.options.authorization.clone(),
             identity: self.identity.clone(),
             max_message_bytes: max,
+            budget,
             _snapshot: PhantomData,
         }
     }
@@ -167,6 +179,9 @@ pub struct NetworkClient<SD> {
     authorization: Option<AsciiMetadataValue>,
     identity: Option<ClusterIdentity>,
     max_message_bytes: usize,
+    /// How many entry bytes the next AppendEntries may carry (shared with this peer's other
+    /// clients).
+    budget: AppendBudget,
     _snapshot: PhantomData<fn() -> SD>,
 }
 
@@ -230,25 +245,17 @@ fn request<T>(
 }
 
 impl<SD> NetworkClient<SD> {
-    /// One unary call: `value` encoded in, the reply decoded out, within the soft TTL.
+    /// One unary call: `value` encoded in, the reply decoded out, within `deadline`.
     async fn unary<Req, Resp>(
         &mut self,
         rpc: Unary,
         value: &Req,
-        option: &RPCOption,
+        deadline: Duration,
     ) -> Result<Resp, RPCError<TypeConfig>>
     where
         Req: serde::Serialize,
         Resp: serde::de::DeserializeOwned,
     {
-        let deadline = match rpc {
-            // openraft gives AppendEntries the heartbeat interval as its TTL; the call includes
-            // the follower's fdatasync, which on a loaded machine takes longer than ¾ of a
-            // 50–100 ms heartbeat: every append then timed out and the leader could not
-            // commit (the fault harness saw clusters without progress for 90 s).
-            Unary::AppendEntries => option.soft_ttl().max(APPEND_DEADLINE_MIN),
-            Unary::Vote | Unary::PreVote | Unary::TransferLeader => option.soft_ttl(),
-        };
         let client = self
             .client
             .as_mut()
@@ -361,15 +368,39 @@ where
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let limit = APPEND_BYTES_MAX.min(self.max_message_bytes / 2);
-        match prefix_to_send(&rpc, limit) {
-            None => self.unary(Unary::AppendEntries, &rpc, &option).await,
-            Some(prefix) => {
-                let last = prefix.entries.last().map(|e| e.log_id);
-                let response = self.unary(Unary::AppendEntries, &prefix, &option).await?;
-                Ok(answer_for_prefix(response, last))
+        let limit = self.budget.limit().min(self.max_message_bytes / 2);
+        let prefix = prefix_to_send(&rpc, limit);
+        let sent = prefix.as_ref().unwrap_or(&rpc);
+        let bytes = request_bytes(sent);
+        // openraft gives AppendEntries the heartbeat interval as its TTL; the call includes
+        // the follower's fdatasync, which on a loaded machine takes longer than ¾ of a
+        // 50–100 ms heartbeat: every append then timed out and the leader could not commit
+        // (the fault harness saw clusters without progress for 90 s). A call also gets time
+        // for its bytes (`append_limit`).
+        let deadline = append_deadline(option.soft_ttl().max(APPEND_DEADLINE_MIN), bytes);
+        let answer = self.unary(Unary::AppendEntries, sent, deadline).await;
+        match &answer {
+            Ok(_) => self.budget.answered(bytes),
+            Err(err) => {
+                let before = self.budget.limit();
+                self.budget.failed(bytes);
+                if self.budget.limit() < before {
+                    tracing::info!(
+                        peer = self.target,
+                        sent = bytes,
+                        limit = self.budget.limit(),
+                        %err,
+                        "an AppendEntries call carrying entries failed: the next ones to this \
+                         peer carry fewer bytes (doubling back as calls are answered)"
+                    );
+                }
             }
         }
+        let response = answer?;
+        Ok(match prefix {
+            None => response,
+            Some(prefix) => answer_for_prefix(response, prefix.entries.last().map(|e| e.log_id)),
+        })
     }
 
     async fn vote(
@@ -377,7 +408,7 @@ where
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.unary(Unary::Vote, &rpc, &option).await
+        self.unary(Unary::Vote, &rpc, option.soft_ttl()).await
     }
 
     /// Forwarded to the peer: the trait's default answers `Unreachable`, and the cluster
@@ -388,7 +419,8 @@ where
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.unary(Unary::TransferLeader, &req, &option).await
+        self.unary(Unary::TransferLeader, &req, option.soft_ttl())
+            .await
     }
 
     /// Forwarded to the peer: the trait's default answers "granted" without asking, which
@@ -398,7 +430,7 @@ where
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.unary(Unary::PreVote, &rpc, &option).await
+        self.unary(Unary::PreVote, &rpc, option.soft_ttl()).await
     }
 
     /// Streams the snapshot: a head chunk (vote and meta), then the data read from `SD` from
