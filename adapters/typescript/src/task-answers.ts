@@ -18,7 +18,7 @@
  *   `onmessage`: the SDK's resolver fires and `elicitInput` resolves. The watch ends when no
  *   request of the task waits any more (answered, timed out, server closed) or the task ends
  *   (its waiting requests then fail as the SDK fails them: InternalError "Task cancelled or
- *   completed"). A watch call that fails (a cursorlog failover) or ends early is opened again
+ *   completed"). A watch call that fails (a cursorlog failover, or every read slot taken) or ends early is opened again
  *   on the leader after a backoff for as long as a request waits; the requests' own timeouts
  *   bound the wait (a timed-out request is noticed within `recheckMs`).
  * - **On C** ({@link TaskAnswers.route}): a POSTed JSON-RPC response (or error response) for
@@ -66,6 +66,11 @@ export interface TaskAnswersStats {
   watches: number;
   /** Watches opened again after their call failed or ended (a cursorlog failover). */
   reopened: number;
+  /**
+   * Watch calls cursorlog refused with RESOURCE_EXHAUSTED: its `--read-calls-max` slots
+   * (shared with following reads) were all taken. Each is opened again after a backoff.
+   */
+  refused: number;
 }
 
 /** A request of this replica waiting for its answer through cursorlog. */
@@ -99,7 +104,7 @@ export class TaskAnswers {
   private idleWaiters: (() => void)[] = [];
   private warnedUnimplemented = false;
   /** Counters (tests, diagnostics). */
-  readonly stats: TaskAnswersStats = { routed: 0, duplicates: 0, notRouted: 0, delivered: 0, unmatched: 0, watches: 0, reopened: 0 };
+  readonly stats: TaskAnswersStats = { routed: 0, duplicates: 0, notRouted: 0, delivered: 0, unmatched: 0, watches: 0, reopened: 0, refused: 0 };
   /**
    * What the watches do, for tests and diagnostics: `view` (task id) when a watch received the
    * task's state, `reopen` (task id) when it watches again after its call failed or ended.
@@ -359,7 +364,8 @@ class TaskWatch {
 
   /**
    * Watches until the task ends or no request waits. A watch call that fails with UNAVAILABLE
-   * (a failover: the member stopped leading or died), ends without the task's end, or whose
+   * (a failover: the member stopped leading or died) or RESOURCE_EXHAUSTED (cursorlog's read
+   * slots are all taken), ends without the task's end, or whose
    * dequeue failed retryably is opened again after a backoff (growing while calls in a row see
    * no change of the task), for as long as a request waits: the requests' own timeouts bound
    * it, not a call deadline. Other failures fail the waiting requests.
@@ -392,6 +398,13 @@ class TaskWatch {
         if (error instanceof CursorlogError) {
           // The dequeue (its client already retried within its deadline): resent on the next view.
           if (!error.retryable) throw error;
+        } else if ((error as Partial<grpc.ServiceError>).code === grpc.status.RESOURCE_EXHAUSTED) {
+          // Every read slot is taken (following reads, other watches): they free as those end.
+          if (this.answers.stats.refused === 0) {
+            this.answers.log('warn', "cursorlog refused a task watch: its read slots (--read-calls-max) are all taken; retrying while the task's requests wait", { task: this.taskId, error: String(error) });
+          }
+          this.answers.stats.refused += 1;
+          this.answers.events.emit('refused', this.taskId);
         } else {
           const wait = client.failedOn(address, error);
           if (wait === undefined) throw error;

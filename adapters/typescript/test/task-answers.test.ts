@@ -3,7 +3,8 @@
  * a dequeue of the task's answers whose outcome is unknown is resent with the same token (the
  * answer it took is not lost), a watch call that keeps failing or ends early is opened again
  * after a growing backoff for as long as a request waits (it neither gives up after one call
- * deadline nor spins), and a watch ends when its last request stops waiting (timed out) even
+ * deadline nor spins) or is refused for want of a read slot, and a watch ends when its last
+ * request stops waiting (timed out) even
  * though the task does not change. Replicas A, B, C on one real cursorlog, with A's gRPC
  * client wrapped to inject the failures.
  */
@@ -132,6 +133,34 @@ describe("A's watch of a task for answers, when cursorlog misbehaves", () => {
       gaps.forEach((gap, i) => assert.ok(gap >= 50 * 2 ** i - 2, `re-open ${i + 1} after ${gap} ms (gaps ${gaps.join(', ')})`));
     } finally {
       await Promise.all(Object.values(r).map((x) => x.stop()));
+    }
+  });
+
+  it('a watch refused because every read slot is taken (RESOURCE_EXHAUSTED) is opened again once one frees, and the answer reaches the tool', async () => {
+    // One read slot, held by another watch: A's watch is refused until it is released.
+    const tight = await CursorlogServer.start(['--read-calls-max', '1']);
+    const r = await replicas(tight.address);
+    const other = r.B.cursorlog.client;
+    await other.call('CreateTask', { owner: 'test:hold', taskId: 'hold', requestKey: 'hold' });
+    const held = other.openWatchTask({ owner: 'test:hold', taskId: 'hold' }).stream;
+    held.on('error', () => {});
+    try {
+      await within(once(held, 'data'), GUARD_MS, 'the holding watch to take the slot');
+      // Released only after A's watch was refused twice: the old watch failed the request at the first.
+      let refusals = 0;
+      r.A.queue.answerEvents.on('refused', () => {
+        refusals += 1;
+        if (refusals === 2) held.cancel();
+      });
+      const { text, close } = await askAndAnswer(r, 'Di');
+      await close();
+      assert.equal(text, 'hello Di from A');
+      assert.ok(r.A.queue.answerStats.refused >= 2, `refusals: ${r.A.queue.answerStats.refused}`);
+      assert.equal(r.A.queue.answerStats.delivered, 1);
+    } finally {
+      held.cancel();
+      await Promise.all(Object.values(r).map((x) => x.stop()));
+      await tight.stop();
     }
   });
 
