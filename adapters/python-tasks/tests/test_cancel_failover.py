@@ -2,7 +2,8 @@
 work waits forever started through replica A (``store.cancellable``, its watch on the leader);
 the leader is SIGKILLed; once a new leader is elected the task is cancelled through replica B.
 A's watch must have re-opened on the new leader (from the last version it saw) and stop the
-work; before, the broken watch was logged and given up, and the cancel never reached the work."""
+work; before, the broken watch was logged and given up, and the cancel never reached the work.
+And ``wait_for_update`` across the same failover returns at the next change, not UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -95,6 +96,50 @@ async def test_a_cancel_after_the_leader_dies_still_stops_the_work(tmp_path: Pat
             assert (await on_a.experimental.get_task(task_id)).status == "cancelled"
             assert await store_a.get_result(task_id) is None
             group.cancel_scope.cancel()
+        await store_b.close()
+        await store_a.close()
+    finally:
+        cluster.stop()
+
+
+async def test_a_wait_for_update_across_a_leader_kill_returns_at_the_next_change(tmp_path: Path, owner: str) -> None:
+    """``wait_for_update`` (what the SDK's ``tasks/result`` waits with) on A while the leader
+    is SIGKILLed: its watch re-opens on the new leader from the version it had, and returns at
+    the change made through B; before, the broken watch raised the store's UNAVAILABLE error."""
+    cluster = CursorlogCluster(tmp_path)
+    try:
+        leader = await leader_of(cluster.addresses)
+        store_a = CursorlogTaskStore(cluster.list, owner=owner)
+        task = await store_a.create_task(TaskMetadata(ttl=60_000))
+        assert store_a.client._current == leader
+        returned = anyio.Event()
+        failure: list[BaseException] = []
+
+        async def wait() -> None:
+            try:
+                await store_a.wait_for_update(task.taskId)
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                failure.append(e)
+            returned.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait)
+            with anyio.fail_after(GUARD_S):
+                while store_a.client.open_watches == 0:  # polls a condition: the watch is open
+                    await anyio.sleep(0.01)
+            cluster.kill(leader)
+            survivors = [a for a in cluster.addresses if a != leader]
+            new_leader = await leader_of(survivors)
+            store_b = CursorlogTaskStore([new_leader, *survivors], owner=owner)
+            assert not returned.is_set(), f"returned before the change: {failure}"
+            changed = await store_b.update_task(task.taskId, status_message="changed through B")
+            with anyio.fail_after(GUARD_S):
+                await returned.wait()
+            assert failure == [], f"wait_for_update failed across the failover: {failure}"
+            seen = await store_a.get_task(task.taskId)
+            assert seen is not None and seen.statusMessage == "changed through B"
+            assert changed.statusMessage == "changed through B"
+            assert store_a.client.open_watches == 0
         await store_b.close()
         await store_a.close()
     finally:

@@ -66,6 +66,11 @@ _RESULT_TYPES: tuple[type[Result], ...] = (CreateMessageResult, CallToolResult, 
 _REWATCH_FIRST_S = 0.05
 _REWATCH_MAX_S = 2.0
 
+# ``wait_for_update`` re-opens its watch the same way, but gives up (raising the store's error)
+# once watch calls in a row have failed for this long: a failover takes seconds, and a caller
+# waiting on a cursorlog that is gone should hear so rather than wait for ever.
+_UPDATE_OUTAGE_MAX_S = 60.0
+
 TaskWork = Callable[[ServerTaskContext], Awaitable[Result]]
 """The work ``run_task`` runs: it gets the task's context and returns the task's result."""
 
@@ -341,7 +346,9 @@ class CursorlogTaskStore(TaskStore):
     async def wait_for_update(self, task_id: str) -> None:
         """Returns at the task's next change after the last version this store saw of it, taken by
         any replica (``WatchTask``), or at a local ``notify_update``. Returns at once for an ended
-        task (it will not change). ``ValueError`` when the task is not found."""
+        task (it will not change). ``ValueError`` when the task is not found. Across a cursorlog
+        failover the watch re-opens on the new leader from that version; only an outage of
+        ``_UPDATE_OUTAGE_MAX_S`` (60 s) raises the store's error."""
         after = self._seen.get(task_id)
         if after is None:
             after = (await self._found(task_id)).version
@@ -361,8 +368,6 @@ class CursorlogTaskStore(TaskStore):
                 group.cancel_scope.cancel()
 
     async def _watch(self, task_id: str, after: int) -> None:
-        request = pb.WatchTaskRequest(owner=self.owner, task_id=task_id, after_version=after)
-
         def changed(response: pb.GetTaskResponse) -> bool:
             if response.verdict != pb.TASK_FOUND:
                 return True  # deleted or expired: a change
@@ -370,7 +375,10 @@ class CursorlogTaskStore(TaskStore):
             return task.version > after or is_terminal(_FROM_PB[task.status])
 
         try:
-            response = await self.client.watch_until(request, changed)
+            # A stream the server ends is an ended task (no more changes): that is the answer.
+            response = await self._follow(
+                task_id, after, changed, outage_s=_UPDATE_OUTAGE_MAX_S, reopen_ended=False
+            )
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 raise ValueError(f"Task with ID {task_id} not found") from e
@@ -382,6 +390,54 @@ class CursorlogTaskStore(TaskStore):
         event = self._update_events.pop(task_id, None)
         if event is not None:
             event.set()
+
+    async def _follow(
+        self,
+        task_id: str,
+        after: int,
+        done: Callable[[pb.GetTaskResponse], bool],
+        outage_s: float | None = None,
+        reopen_ended: bool = True,
+    ) -> pb.GetTaskResponse | None:
+        """Follows ``WatchTask`` from version ``after`` until ``done`` accepts a response (returned).
+        A stream that breaks with UNAVAILABLE (the member stopped leading or died) or ends early is
+        re-opened from the last version seen, on the leader named or the next member, after a pause
+        doubling from ``_REWATCH_FIRST_S`` to ``_REWATCH_MAX_S``. Raises ``grpc.aio.AioRpcError``
+        on any other error, and on UNAVAILABLE once calls in a row failed for ``outage_s``. A
+        stream the server ends without a response ``done`` took is re-opened only when
+        ``reopen_ended``; else that is ``None``."""
+        seen = after
+
+        def accept(response: pb.GetTaskResponse) -> bool:
+            nonlocal seen
+            if response.verdict == pb.TASK_FOUND:
+                seen = max(seen, response.view.task.version)
+            return done(response)
+
+        pause = _REWATCH_FIRST_S
+        failing_since: float | None = None
+        while True:
+            before = seen
+            request = pb.WatchTaskRequest(owner=self.owner, task_id=task_id, after_version=seen)
+            try:
+                response = await self.client.watch_until(request, accept)
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                now = anyio.current_time()
+                failing_since = now if failing_since is None or seen > before else failing_since
+                if outage_s is not None and now - failing_since >= outage_s:
+                    raise
+                log.info("task %s: watch broke (%s), re-opening after version %d", task_id, e.details(), seen)
+            else:
+                if response is not None or not reopen_ended:
+                    return response
+                failing_since = None  # the member answered: not an outage
+                log.info("task %s: watch ended early, re-opening after version %d", task_id, seen)
+            if seen > before:
+                pause = _REWATCH_FIRST_S  # that stream worked for a while: a fresh failure
+            await anyio.sleep(pause)  # a backoff between attempts, cancelled with the caller
+            pause = min(pause * 2, _REWATCH_MAX_S)
 
     async def notify_update(self, task_id: str) -> None:
         """Wakes this process's ``wait_for_update`` callers of the task. Other replicas need no
@@ -473,38 +529,20 @@ class CursorlogTaskStore(TaskStore):
         re-opened from the last version seen with a bounded backoff, until the caller (the work's
         end) cancels this. ``None`` on any other error (logged): the work then runs on
         unwatched, and its end is refused by the store if the task ended meanwhile."""
-        after = 0
 
         def ended(response: pb.GetTaskResponse) -> bool:
-            nonlocal after
-            if response.verdict != pb.TASK_FOUND:
-                return True
-            after = max(after, response.view.task.version)
-            return is_terminal(_FROM_PB[response.view.task.status])
+            return response.verdict != pb.TASK_FOUND or is_terminal(_FROM_PB[response.view.task.status])
 
-        pause = _REWATCH_FIRST_S
-        while True:
-            before = after
-            request = pb.WatchTaskRequest(owner=self.owner, task_id=task_id, after_version=after)
-            try:
-                response = await self.client.watch_until(request, ended)
-            except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:
-                    return pb.GetTaskResponse(verdict=pb.TASK_DELETED)
-                if e.code() != grpc.StatusCode.UNAVAILABLE:
-                    log.warning("task %s: cannot watch for its end (%s: %s)", task_id, e.code().name, e.details())
-                    return None
-                log.info("task %s: watch broke (%s), re-opening after version %d", task_id, e.details(), after)
-            else:
-                if response is not None:
-                    if response.verdict == pb.TASK_FOUND:
-                        self._saw(response.view.task)
-                    return response
-                log.info("task %s: watch ended before the task, re-opening after version %d", task_id, after)
-            if after > before:
-                pause = _REWATCH_FIRST_S  # that stream worked for a while: a fresh failure
-            await anyio.sleep(pause)  # a backoff between attempts, cancelled with the work's end
-            pause = min(pause * 2, _REWATCH_MAX_S)
+        try:
+            response = await self._follow(task_id, 0, ended)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return pb.GetTaskResponse(verdict=pb.TASK_DELETED)
+            log.warning("task %s: cannot watch for its end (%s: %s)", task_id, e.code().name, e.details())
+            return None
+        if response is not None and response.verdict == pb.TASK_FOUND:
+            self._saw(response.view.task)
+        return response
 
     async def keep_alive(self, task_id: str) -> None:
         """Renews the task's worker lease (``KeepAliveTask``)."""
