@@ -85,7 +85,7 @@ impl AppendBudget {
 }
 
 /// The deadline of an AppendEntries call carrying `bytes` of entries: `base` plus the time
-/// those bytes take at [`APPEND_RATE_FLOOR_BYTES_PER_SEC`].
+/// those bytes take at 2 MiB/s (the slowest rate still counted as progress).
 pub fn append_deadline(base: Duration, bytes: usize) -> Duration {
     let per_sec = APPEND_RATE_FLOOR_BYTES_PER_SEC;
     base + Duration::from_millis((bytes as u64).saturating_mul(1000) / per_sec)
