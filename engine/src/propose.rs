@@ -56,7 +56,11 @@ pub trait Proposer: Send + Sync + std::fmt::Debug {
     ///
     /// It should return once the entries are queued for the log, not wait for them to
     /// apply (it may: a blocking proposer just disables pipelining). `entries` may be empty
-    /// (a batch whose requests needed no entry): `settle` it with no outcomes.
+    /// (a batch whose answers need no entry: errors, an existing session's `OpenSession`, an
+    /// empty dequeue): its answers are still claims about the cluster's state, so the
+    /// proposer confirms this node's leadership with a round started after this call
+    /// (ReadIndex) and settles with no outcome when it holds, or with one outcome saying why
+    /// not ([`Proposed::NotLeader`], [`Proposed::Unknown`]).
     fn propose(&self, entries: Vec<Proposal>, settle: Settle);
 }
 

@@ -450,3 +450,98 @@ fn concurrent_producers_through_pipelined_batches_lose_and_repeat_nothing() {
     let replica = Engine::open_replica(config_at(dir.path(), &clock), &log).unwrap();
     assert_eq!(describe(&replica), served);
 }
+
+/// Review R3 (issue 30 item 1): an error is a claim about the state it was planned against.
+/// An append planned while the batch completing its stream is in flight is refused
+/// (`StreamTerminated`) only once that batch applied; if it did not, the stream is still
+/// open, and the caller is told to retry, not that the stream ended.
+#[test]
+fn an_error_planned_against_a_batch_in_flight_waits_for_it_and_is_withdrawn_if_it_fails() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    let (_, x) = new_stream(&leader, "s", None);
+    let (to_test, batches) = std::sync::mpsc::channel();
+    *cluster.to_test.lock().unwrap() = Some(to_test);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let completing = {
+        let leader = leader.clone();
+        std::thread::spawn(move || {
+            leader.complete(
+                "s",
+                x,
+                Some(1),
+                cursorlog_engine::NewEvent::new("k", b"end".to_vec()),
+            )
+        })
+    };
+    let a = next_batch(&batches);
+    assert_eq!(a.0.len(), 1, "A completes x");
+    let append = rt
+        .block_on(leader.queue_append(one_event("s", x, 1)))
+        .unwrap();
+    let b = next_batch(&batches);
+    assert!(b.0.is_empty(), "B's only request is refused: no entry");
+    let settled = || leader.stats().unwrap().commit_batches;
+    let before = settled();
+    b.1.settle(Vec::new());
+    assert_eq!(settled(), before, "B's refusal waits for A");
+    a.1.settle(vec![Proposed::Unknown("lost the quorum".into())]);
+    assert!(matches!(
+        completing.join().unwrap(),
+        Err(Error::NotConfirmed(_))
+    ));
+    let append = rt.block_on(append);
+    assert!(
+        matches!(append, Err(Error::NotConfirmed(_))),
+        "x is open (A did not apply), yet the append was refused from A's plan: {append:?}"
+    );
+    *cluster.to_test.lock().unwrap() = None;
+    let again = leader.append(one_event("s", x, 1)).unwrap();
+    assert_eq!((again.first_seq, again.duplicate), (1, false));
+    close(leader, &cluster);
+}
+
+/// Review R4 (issue 30 item 1): an answer that writes nothing (an existing session's
+/// `OpenSession`, a seq conflict, an unknown stream) is released only once this member's
+/// leadership was confirmed after it was planned; a member deposed without knowing it
+/// (its confirmation fails) answers with the retryable `NotLeader`, never from its state.
+#[test]
+fn an_answer_with_no_entry_is_released_only_after_a_leadership_confirmation() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let dir = tempfile::tempdir().unwrap();
+    let (leader, cluster) = open_leader(dir.path(), &clock);
+    let (_, x) = new_stream(&leader, "s", None);
+    leader.append(one_event("s", x, 1)).unwrap();
+    let entries = cluster.log.state().last;
+    *cluster.confirmation_fails.lock().unwrap() = Some(Proposed::NotLeader {
+        leader: Some("10.0.0.2:7000".into()),
+    });
+    let deposed = |r: Result<String, Error>| match r {
+        Err(Error::NotLeader { leader }) => assert_eq!(leader.as_deref(), Some("10.0.0.2:7000")),
+        other => panic!("answered from state a deposed leader holds: {other:?}"),
+    };
+    deposed(leader.open_session("s").map(|s| format!("{s:?}")));
+    deposed(
+        leader
+            .append(one_event("s", x, 7))
+            .map(|a| format!("{a:?}")),
+    );
+    deposed(
+        leader
+            .append(one_event("s", x + 1000, 1))
+            .map(|a| format!("{a:?}")),
+    );
+    assert_eq!(cluster.log.state().last, entries, "nothing was proposed");
+    // Confirmed, the same calls get their real answers.
+    *cluster.confirmation_fails.lock().unwrap() = None;
+    assert!(!leader.open_session("s").unwrap().created);
+    assert!(matches!(
+        leader.append(one_event("s", x, 7)),
+        Err(Error::SeqConflict { .. })
+    ));
+    close(leader, &cluster);
+}

@@ -16,6 +16,18 @@
 //! says nothing; the first group of the window that did not apply fails every request
 //! planned after it. Such a window is not planned on again: the writer waits until its
 //! batches settled and starts the next window from the index.
+//!
+//! Every answer is held this way, errors included (a stale epoch, a seq conflict, an unknown
+//! stream, a terminated stream or task, a full queue) and answers that wrote nothing (an
+//! existing session's `OpenSession`, an empty dequeue, `routed: false`): each is a claim
+//! about the state it was planned against, so it is false if a batch before it did not
+//! apply, or if this member was no longer the leader when it planned (issue 30 item 1,
+//! review R3/R4). Hence the second rule: a batch's answers go out only once leadership was
+//! confirmed *after* the batch was planned: one of its entries committed in this term, or,
+//! for a batch with no entry, a ReadIndex round the proposer started after planning it
+//! (`Proposer::propose` with no entries). Otherwise every answer of the batch is the
+//! retryable error of how the confirmation failed (`NotLeader` with the leader's address,
+//! or `NotConfirmed`).
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -36,12 +48,13 @@ use crate::shared::Shared;
 /// requests behind a failure.
 pub(super) const IN_FLIGHT_MAX: usize = 3;
 
-/// A request planned into a batch: its answer if its entries apply, and which of the
-/// window's groups, and of its batch's effects and leases, are its.
+/// A request planned into a batch: its answer (a reply or a planned error) if the window's
+/// groups up to its own apply, and which of the window's groups, and of its batch's effects
+/// and leases, are its.
 #[derive(Debug)]
 pub(super) struct Planned {
     pub(super) reply: ReplyTo,
-    pub(super) answer: Reply,
+    pub(super) answer: Result<Reply, Error>,
     /// The window's groups planned up to and including this request's own (numbered from
     /// the window's first): `groups.end` is what it depends on.
     pub(super) groups: Range<usize>,
@@ -201,8 +214,9 @@ impl Pipeline {
 const MISSING: Proposed = Proposed::Unknown(String::new());
 
 /// Answers a settled batch's requests: a request stands only if every group of the window
-/// up to its own applied (see the module's doc); publishes the effects of those that stand
-/// and ends the leases of streams whose opening did not.
+/// up to its own applied and the batch confirmed this member's leadership after it was
+/// planned (see the module's doc); publishes the effects of those that stand and ends the
+/// leases of streams whose opening did not.
 fn settle(failed: &mut Option<(usize, Proposed)>, batch: Batch, outcomes: &[Proposed]) {
     if failed.is_none() {
         *failed = batch
@@ -212,6 +226,7 @@ fn settle(failed: &mut Option<(usize, Proposed)>, batch: Batch, outcomes: &[Prop
             .find(|(_, o)| !matches!(o, Proposed::Applied))
             .map(|(groups, o)| (groups.start, o.clone()));
     }
+    let confirmed = confirmation(batch.entries.is_empty(), outcomes);
     let Batch {
         planned,
         effects,
@@ -223,12 +238,20 @@ fn settle(failed: &mut Option<(usize, Proposed)>, batch: Batch, outcomes: &[Prop
     let mut acks: Acks = Vec::with_capacity(planned.len());
     let mut kept = Vec::new();
     for p in planned {
-        match failed.as_ref().filter(|(g, _)| *g < p.groups.end) {
+        let refused = failed
+            .as_ref()
+            .filter(|(g, _)| *g < p.groups.end)
+            .map(|(_, outcome)| outcome)
+            .or(confirmed.as_ref().err());
+        match refused {
             None => {
                 kept.extend(effects[p.effects].iter_mut().filter_map(Option::take));
-                acks.push((p.reply, p.answer));
+                match p.answer {
+                    Ok(answer) => acks.push((p.reply, answer)),
+                    Err(e) => p.reply.send(Err(e)),
+                }
             }
-            Some((_, outcome)) => {
+            Some(outcome) => {
                 for stream in &leased[p.leased] {
                     answers.shared.leases.remove(*stream);
                 }
@@ -243,6 +266,25 @@ fn settle(failed: &mut Option<(usize, Proposed)>, batch: Batch, outcomes: &[Prop
         .commit_batches
         .fetch_add(1, Ordering::Relaxed);
     answers.acknowledge(acks);
+}
+
+/// Whether a batch confirmed this member's leadership after it was planned: `Ok` if one of
+/// its entries committed (applied, or refused by the apply rules: either way a quorum took
+/// an entry of this term proposed after the plan), or, for a batch with no entry, if the
+/// proposer's ReadIndex round succeeded (reported as no outcome, or `Applied`); otherwise
+/// the outcome that says why not.
+fn confirmation(no_entries: bool, outcomes: &[Proposed]) -> Result<(), Proposed> {
+    let committed = |o: &Proposed| matches!(o, Proposed::Applied | Proposed::Refused(_));
+    if no_entries {
+        return match outcomes.first() {
+            None | Some(Proposed::Applied) => Ok(()),
+            Some(other) => Err(other.clone()),
+        };
+    }
+    if outcomes.iter().any(committed) {
+        return Ok(());
+    }
+    Err(outcomes.first().cloned().unwrap_or(MISSING))
 }
 
 /// The caller's error for an entry that did not apply.

@@ -176,16 +176,15 @@ impl Writer {
                 self.keep_buffer(w.buf);
                 return;
             }
-            match answer {
-                Ok(answer) => planned.push(Planned {
-                    reply,
-                    answer,
-                    groups: groups..w.groups + self.group_count(),
-                    effects: effects..self.effects.len(),
-                    leased: leased..self.leased.len(),
-                }),
-                Err(e) => reply.send(Err(e)),
-            }
+            // An error is a claim about the state planned against, held like any answer
+            // until that state is known to stand (`pipeline.rs`).
+            planned.push(Planned {
+                reply,
+                answer,
+                groups: groups..w.groups + self.group_count(),
+                effects: effects..self.effects.len(),
+                leased: leased..self.leased.len(),
+            });
         }
         let (entries, groups) = match &mut self.log {
             Sink::Proposals(p) => p.take(),

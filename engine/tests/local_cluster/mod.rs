@@ -42,6 +42,9 @@ pub struct LocalCluster {
     pub prepare_hold: Mutex<Option<(Sender<()>, Receiver<()>)>>,
     /// The most proposal bytes the writer merges into one entry (0: the engine's default).
     pub entry_bytes_max: AtomicUsize,
+    /// How a batch with no entry settles: its leadership confirmation (a ReadIndex round on
+    /// a real cluster) fails this way; `None`, it holds.
+    pub confirmation_fails: Mutex<Option<Proposed>>,
 }
 
 impl LocalCluster {
@@ -57,6 +60,7 @@ impl LocalCluster {
             to_test: Mutex::new(None),
             prepare_hold: Mutex::new(None),
             entry_bytes_max: AtomicUsize::new(0),
+            confirmation_fails: Mutex::new(None),
         })
     }
 
@@ -117,7 +121,13 @@ impl LocalCluster {
     /// Appends, commits and applies `entries` at once (or as the test arranged).
     pub fn settle_now(&self, entries: Vec<Proposal>) -> Vec<Proposed> {
         if entries.is_empty() {
-            return Vec::new();
+            return self
+                .confirmation_fails
+                .lock()
+                .unwrap()
+                .clone()
+                .into_iter()
+                .collect();
         }
         if let Some((entered, release)) = self.hold.lock().unwrap().take() {
             entered.send(()).unwrap();
