@@ -199,6 +199,13 @@ impl EntryLog {
             },
             Read::Damaged => purged_by_first_segment(&opened.log, &config.dir)?,
         };
+        // A purged entry was applied, so committed: `COMMITTED` is never below `PURGED`, even
+        // if a power loss took an older build's unsynced `COMMITTED` (review R7).
+        let committed = match (committed, purged.map(|p| p.id)) {
+            (Some(c), Some(p)) if p.index > c.index => Some(p),
+            (None, Some(p)) => Some(p),
+            (c, _) => c,
+        };
         let mut inner = Inner {
             log: Arc::clone(&opened.log),
             writer: opened.writer,
@@ -413,9 +420,11 @@ impl EntryLog {
     pub fn purge_through(&self, through: EntryId) -> Result<()> {
         let mut inner = self.lock();
         inner.check_usable()?;
-        // What is purged was applied, so committed and durable: `COMMITTED` must say so
-        // before the entries go (recovery replays the log up to it).
-        inner.save_committed_if_durable()?;
+        // What is purged was applied, so committed and durable: `COMMITTED` must say so,
+        // durably, before `PURGED` does (recovery replays the log up to it; a power loss
+        // that kept `PURGED` and lost an unsynced `COMMITTED` left a member that would not
+        // start: issue 30 item 5, review R7). One synced write per purge.
+        inner.save_committed_durably()?;
         let r = inner.purge_through(through);
         inner.poison_on_io(&r);
         inner.note_durable();
@@ -517,6 +526,27 @@ impl Inner {
         let file = self.committed_file()?;
         file.write_all_at(&durable_file::framed(&encode_entry_id(committed)), 0)
             .map_err(Error::io("writing the COMMITTED file"))?;
+        self.committed_saved = committed.index;
+        Ok(())
+    }
+
+    /// Saves the committed entry (if this log's copy of it is durable) as a durable file:
+    /// written aside, synced, renamed, the directory synced. The in-place handle is dropped,
+    /// since it names the replaced file; the next commit opens the new one.
+    fn save_committed_durably(&mut self) -> Result<()> {
+        let Some(committed) = self.committed else {
+            return Ok(());
+        };
+        if committed.index > self.durable {
+            return Ok(());
+        }
+        self.committed_file = None;
+        durable_file::write(
+            self.fs.as_ref(),
+            &self.dir,
+            COMMITTED_FILE,
+            &encode_entry_id(committed),
+        )?;
         self.committed_saved = committed.index;
         Ok(())
     }
