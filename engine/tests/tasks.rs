@@ -676,3 +676,32 @@ fn task_state_is_rebuilt_from_the_log_and_carried_past_retention() {
         .iter()
         .all(|s| s.state == SlotState::Outstanding));
 }
+
+/// Issue 30 item 7: an update that restates the task's status and message (a retry, a
+/// worker repeating itself) writes nothing: `duplicate`, the same version, so its watchers
+/// are not woken; anything new is written at the next version.
+#[test]
+fn an_update_restating_the_task_writes_nothing_and_says_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, _) = open(dir.path());
+    e.create_task(new_task("s:a", "t1", "r1")).unwrap();
+    let first = e.change_task(change("s:a", "t1", None, "half")).unwrap();
+    assert_eq!((first.task.version, first.duplicate), (2, false));
+    let lsn = e.stats().unwrap().last_lsn;
+    for _ in 0..3 {
+        let again = e.change_task(change("s:a", "t1", None, "half")).unwrap();
+        assert_eq!((again.task.version, again.duplicate), (2, true));
+    }
+    let mut keep_message = change("s:a", "t1", None, "");
+    keep_message.status_message = None;
+    keep_message.ttl_ms = Some(60_000);
+    let same = e.change_task(keep_message).unwrap();
+    assert_eq!((same.task.version, same.duplicate), (2, true), "same TTL");
+    assert_eq!(e.stats().unwrap().last_lsn, lsn, "nothing was written");
+    let moved = e.change_task(change("s:a", "t1", None, "most")).unwrap();
+    assert_eq!((moved.task.version, moved.duplicate), (3, false));
+    let mut input = change("s:a", "t1", None, "most");
+    input.status = TaskStatus::InputRequired;
+    let input = e.change_task(input).unwrap();
+    assert_eq!((input.task.version, input.duplicate), (4, false));
+}

@@ -160,15 +160,36 @@ impl Writer {
             ));
         }
         let id = t.meta.id;
+        let ttl_ms = req
+            .ttl_ms
+            .map(|ms| ms.min(duration_ms(self.shared.config.tasks.ttl_max)));
+        let restates = |current: &TaskMeta| {
+            current.status == req.status
+                && req
+                    .status_message
+                    .as_ref()
+                    .is_none_or(|m| current.status_message.as_ref() == Some(m))
+                && ttl_ms.is_none_or(|ms| current.ttl_ms == Some(ms))
+                && req
+                    .poll_interval_ms
+                    .is_none_or(|p| current.poll_interval_ms == p)
+        };
+        if restates(&t.meta) {
+            // A retry, or a worker restating where it is: nothing is written, so its version
+            // does not move and its watchers are not woken (tasks.proto `duplicate`; issue
+            // 30 item 7). The lease was renewed above, as by any call of its worker.
+            return Ok(TaskWritten {
+                task: t.meta,
+                duplicate: true,
+            });
+        }
         self.emit(
             vec![Record::TaskUpdated(TaskUpdated {
                 id,
                 version: t.meta.version + 1,
                 status: req.status,
                 status_message: req.status_message,
-                ttl_ms: req
-                    .ttl_ms
-                    .map(|ms| ms.min(duration_ms(self.shared.config.tasks.ttl_max))),
+                ttl_ms,
                 poll_interval_ms: req.poll_interval_ms,
                 at_ms: now,
             })],
