@@ -227,6 +227,14 @@ pub(crate) fn spawn_maintenance(
                         }
                     }
                     if leads && !leading {
+                        // The previous term's tail commits with this term's first entry, after
+                        // this node became leader: a ReadIndex round (the writer's own, if it
+                        // ran one this term) applies it first, so what it opened is armed too
+                        // (issue 30 item 3, review R6).
+                        if let Err(not) = cluster.prepare() {
+                            tracing::debug!(outcome = ?not, "not arming leases yet: this term's leadership is not confirmed");
+                            continue;
+                        }
                         if let Err(e) = arm_live_state(&shared) {
                             tracing::warn!(error = %e, "re-arming leases and idle clocks as the new leader failed; retrying");
                             continue;

@@ -18,7 +18,7 @@ use cursorlog_engine::{
 use futures_util::StreamExt as _;
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
-use openraft::{ReadPolicy, ServerState};
+use openraft::{Instant as _, ReadPolicy, ServerState};
 
 use crate::amnesia::VoteGuard;
 use crate::identity::{ClusterId, ClusterIdentity, IdentityError};
@@ -148,6 +148,7 @@ impl ReplicatedNode {
             runtime: tokio::runtime::Handle::current(),
             ready_term: Arc::new(Mutex::new(None)),
             timeout: options.request_timeout,
+            quorum_timeout: options.timing.election_max,
         });
         let engine = {
             let (config, log, p) = (options.engine.clone(), log.clone(), Arc::clone(&proposer));
@@ -236,16 +237,20 @@ impl ReplicatedNode {
         self.proposer.linearizable().await
     }
 
-    /// Resolves once this node does not lead (at once if it does not now): a live `Read`
-    /// follower on it must then move to the new leader, or it would wait for events this
-    /// node will not apply in time, or ever (cut off).
+    /// Resolves once this node does not lead (at once if it does not now), or leads without
+    /// having heard from a quorum for an election timeout (cut off: another member may lead
+    /// already): a live `Read` follower or task watch on it must then move to the new
+    /// leader, or it would wait for events this node will not apply in time, or ever.
     pub async fn stopped_leading(&self) {
         let mut metrics = self.raft.metrics();
+        // openraft 0.10 has no check-quorum: a leader cut off stays `Leader`, and its metrics
+        // do not change while nothing answers it, so the quorum's age is looked at on a tick.
+        let tick = (self.proposer.quorum_timeout / 4).max(Duration::from_millis(10));
         loop {
-            if !leads(&metrics.borrow_watched(), self.id) {
+            if !self.proposer.leads_with_quorum(&metrics.borrow_watched()) {
                 return;
             }
-            if metrics.changed().await.is_err() {
+            if let Ok(Err(_)) = tokio::time::timeout(tick, metrics.changed()).await {
                 return;
             }
         }
@@ -380,6 +385,10 @@ pub struct RaftProposer {
     /// this node no longer leading.
     ready_term: Arc<Mutex<Option<u64>>>,
     timeout: Duration,
+    /// How long a leader may go without a quorum's acknowledgement before it stops
+    /// answering (check-quorum, which openraft 0.10 lacks): the longest election timeout,
+    /// after which the other members may have elected a leader of their own.
+    quorum_timeout: Duration,
 }
 
 impl RaftProposer {
@@ -387,6 +396,22 @@ impl RaftProposer {
         self.raft
             .get()
             .ok_or_else(|| Proposed::Unknown("the node is starting".into()))
+    }
+
+    /// Whether the metrics say this node leads and a quorum acknowledged it within the last
+    /// [`Self::quorum_timeout`] (a one-voter cluster is its own quorum). A leader cut off
+    /// from its peers fails this an election timeout after its last acknowledgement, while
+    /// openraft still calls it leader.
+    fn leads_with_quorum(&self, m: &openraft::RaftMetrics<crate::types::TypeConfig>) -> bool {
+        if !leads(m, self.id) {
+            return false;
+        }
+        if m.membership_config.voter_ids().count() <= 1 {
+            return true;
+        }
+        m.last_quorum_acked
+            .as_ref()
+            .is_some_and(|acked| acked.into_inner().elapsed() < self.quorum_timeout)
     }
 
     /// The address of node `id` in the current membership.
@@ -397,26 +422,29 @@ impl RaftProposer {
     }
 
     async fn linearizable(&self) -> Result<(), Proposed> {
-        let raft = self.raft()?;
-        match tokio::time::timeout(
-            self.timeout,
-            raft.ensure_linearizable(ReadPolicy::ReadIndex),
-        )
-        .await
-        {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f)))) => {
-                Err(Proposed::NotLeader {
-                    leader: f.leader_node.map(|n| n.addr),
-                })
-            }
-            // Cut off from a quorum: whoever leads is elsewhere (or nobody yet).
-            Ok(Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)))) => {
-                Err(Proposed::NotLeader { leader: None })
-            }
-            Ok(Err(e)) => Err(Proposed::Unknown(e.to_string())),
-            Err(_) => Err(Proposed::NotLeader { leader: None }),
+        confirm_leadership(self.raft()?, self.timeout).await
+    }
+}
+
+/// A ReadIndex round on `raft`, started now: `Ok` once a quorum confirmed this node leads
+/// and it applied everything committed when the round began.
+async fn confirm_leadership(
+    raft: &Raft<EngineStateMachine>,
+    timeout: Duration,
+) -> Result<(), Proposed> {
+    match tokio::time::timeout(timeout, raft.ensure_linearizable(ReadPolicy::ReadIndex)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f)))) => {
+            Err(Proposed::NotLeader {
+                leader: f.leader_node.map(|n| n.addr),
+            })
         }
+        // Cut off from a quorum: whoever leads is elsewhere (or nobody yet).
+        Ok(Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)))) => {
+            Err(Proposed::NotLeader { leader: None })
+        }
+        Ok(Err(e)) => Err(Proposed::Unknown(e.to_string())),
+        Err(_) => Err(Proposed::NotLeader { leader: None }),
     }
 }
 
@@ -428,6 +456,10 @@ impl Proposer for RaftProposer {
             return Err(Proposed::NotLeader {
                 leader: self.addr_of(m.current_leader),
             });
+        }
+        if !self.leads_with_quorum(&m) {
+            // Cut off: whoever leads now is on the other side, and not known here.
+            return Err(Proposed::NotLeader { leader: None });
         }
         let mut ready = self
             .ready_term
@@ -446,13 +478,30 @@ impl Proposer for RaftProposer {
     fn leads(&self) -> bool {
         self.raft
             .get()
-            .is_some_and(|raft| leads(&raft.metrics().borrow_watched(), self.id))
+            .is_some_and(|raft| self.leads_with_quorum(&raft.metrics().borrow_watched()))
     }
 
     fn propose(&self, entries: Vec<Proposal>, settle: Settle) {
         let count = entries.len();
         if count == 0 {
-            return settle.settle(Vec::new());
+            // Answers with no entry (errors, an existing session, an empty dequeue) are
+            // claims about the cluster's state: a ReadIndex round started now proves this
+            // node still led after they were planned (and waits for its apply).
+            let Some(raft) = self.raft.get().cloned() else {
+                return settle.settle(vec![Proposed::Unknown("the node is starting".into())]);
+            };
+            let (id, timeout, ready_term) = (self.id, self.timeout, Arc::clone(&self.ready_term));
+            self.runtime.spawn(async move {
+                match confirm_leadership(&raft, timeout).await {
+                    Ok(()) => settle.settle(Vec::new()),
+                    Err(not) => {
+                        tracing::debug!(node = id, outcome = ?not, "answers held for want of a leadership confirmation");
+                        *ready_term.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                        settle.settle(vec![not]);
+                    }
+                }
+            });
+            return;
         }
         let raft = match self.raft() {
             Ok(raft) => raft.clone(),
