@@ -371,6 +371,10 @@ impl CursorLog for CursorLogService {
         let r = request.into_inner();
         let session = convert::required_str("session", r.session)?;
         let stream = r.stream;
+        // Leases and idle clocks are the leader's memory: a follower would renew nothing, and
+        // a cut-off leader would vouch for a stream another leader already ended (issue 30
+        // item 2, review R5). After this, the index holds everything committed.
+        self.linearizable().await?;
         self.blocking(move |e| match stream {
             0 => e.touch_session(&session),
             stream => e.keep_alive(&session, stream),

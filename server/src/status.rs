@@ -24,7 +24,12 @@ use tonic::{Code, Status};
 /// | `Internal` (and any variant added later) | `INTERNAL` |
 pub fn from_engine(err: &Error) -> Status {
     let (code, message) = code_and_message(err);
-    if matches!(code, Code::DataLoss | Code::Unavailable | Code::Internal)
+    if matches!(err, Error::NotLeader { .. }) {
+        // A redirect is normal operation on a cluster, not an error (issue 30 item 2).
+        tracing::debug!(error = %err, "redirected: not the leader");
+    } else if matches!(err, Error::NotConfirmed(_)) {
+        tracing::info!(error = %err, "answered outcome-unknown (retryable)");
+    } else if matches!(code, Code::DataLoss | Code::Unavailable | Code::Internal)
         || matches!(err, Error::UnsupportedFormat { .. })
     {
         // The full error (with paths) stays in the server log.
