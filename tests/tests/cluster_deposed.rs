@@ -101,7 +101,15 @@ async fn a_leader_cut_off_from_both_peers_answers_nothing_from_its_stale_state()
     cluster.isolate(old, true, true);
     let new = cluster.leader(Some(old)).await;
     let mut on_new = cluster.client(new);
-    // The new side moves on: a new epoch fences x, and a new stream takes events.
+    // The new side moves on: a new epoch supersedes x, and a new stream takes events.
+    let advanced = on_new
+        .advance_epoch(pb::AdvanceEpochRequest {
+            session: "s".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(advanced.epoch, 2);
     let y = open_stream(&mut on_new, 2, None).await;
     append(&mut on_new, y, 1).await.unwrap();
 
