@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,15 +140,18 @@ class CursorlogServer:
 
 class CursorlogCluster:
     """Three real ``cursorlog serve --node-id … --peers …`` members on free ports, short Raft
-    timing (election 300–600 ms, heartbeat 50 ms), data under ``workdir``."""
+    timing (election 300–600 ms, heartbeat 50 ms), data under ``workdir``. ``election_ms``
+    sets each member's election timeout (a slow one practically never leads)."""
 
-    def __init__(self, workdir: Path, size: int = 3) -> None:
+    def __init__(self, workdir: Path, size: int = 3, *, election_ms: Sequence[int] | None = None) -> None:
         self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
         peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addresses))
+        timeouts = list(election_ms) if election_ms is not None else [300] * size
         self.members: dict[str, CursorlogServer] = {}
         try:
             for i, address in enumerate(self.addresses):
-                args = ("--node-id", str(i + 1), "--peers", peers, "--election-timeout-ms", "300", "--heartbeat-ms", "50")
+                election = str(timeouts[i])
+                args = ("--node-id", str(i + 1), "--peers", peers, "--election-timeout-ms", election, "--heartbeat-ms", "50")
                 self.members[address] = CursorlogServer(
                     workdir / f"member-{i + 1}", workdir / f"member-{i + 1}.log", listen=address, args=args
                 )

@@ -5,6 +5,7 @@ exactly once, and the result."""
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -13,10 +14,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from cursorlog_mcp import CursorlogClient
+from cursorlog_mcp import CursorlogClient, CursorlogEventStore
+from cursorlog_mcp._proto import cursorlog_pb2 as pb
 
 from .harness import CursorlogCluster, Replica, SwitchableProxy
 from .test_e2e import Seen, call_slow_count, executions, mcp_session, text_of
+from .test_store import Bound, progress, result, stream_of
 
 pytestmark = pytest.mark.anyio
 
@@ -142,3 +145,57 @@ async def test_a_read_follow_is_re_resolved_on_the_new_leader(setup: Setup) -> N
     sid = ids["session"]
     assert len(resumes(a.log_text(), sid)) + len(resumes(b.log_text(), sid)) == 1, "one resume: the cut only"
     assert "cursorlog Read at" in b.log_text() and "re-opening at" in b.log_text(), "B's Read was re-opened"
+
+
+LEASE_MS = 1_500
+
+
+async def test_a_lease_renewal_that_lands_on_a_follower_after_a_failover_keeps_the_call_alive(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30 item 2. A producer's store holds a stream with a short lease; the leader is
+    SIGKILLed and the store's next renewal lands on a follower (the member after the dead one
+    in its list; its long election timeout keeps it from leading). A follower answers
+    ``KeepAlive`` UNAVAILABLE naming the leader: the renewal is followed there, so after three
+    leases with no append the stream is still open and the producer's next event is stored.
+    (When a follower answered OK and renewed nothing, the new leader aborted the stream:
+    "producer lease expired".)"""
+    cluster = CursorlogCluster(tmp_path, election_ms=(300, 300, 3_000))
+    slow = cluster.addresses[2]
+    try:
+        probe = CursorlogClient([a for a in cluster.addresses if a != slow], timeout_s=30)
+        try:
+            await probe.open_session(f"probe-{uuid.uuid4().hex}")
+            leader = probe.router.current
+        finally:
+            await probe.close()
+        assert leader != slow, "the member with the long election timeout led"
+        other = next(a for a in cluster.addresses if a not in (leader, slow))
+        # The store's list: the leader, then the follower that cannot lead, then the other.
+        client = CursorlogClient([leader, slow, other], timeout_s=30)
+        store = CursorlogEventStore(client, lease_ms=LEASE_MS)
+        try:
+            producer = Bound(store)
+            first = await producer.store_event("1", progress(1, 1))
+            caplog.set_level(logging.INFO, logger="cursorlog_mcp.client")
+            cluster.kill(leader)
+            # The new leader is the other fast member (the probe retries through the election).
+            probe = CursorlogClient([other], timeout_s=30)
+            try:
+                await probe.open_session(f"probe-{uuid.uuid4().hex}")
+            finally:
+                await probe.close()
+            await anyio.sleep(3 * LEASE_MS / 1000)  # three leases, renewals only
+            outcome = await client.get_outcome(producer.session_id, stream=stream_of(first))
+            assert outcome.outcome.state == pb.STREAM_STATE_OPEN, outcome
+            done = await producer.store_event("1", result(1, "ok"))
+            assert stream_of(done) == stream_of(first) and done.endswith("-2"), done
+            # The renewal did land on the follower, and was followed from there to the leader.
+            refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cursorlog KeepAlive")]
+            assert any(f"unavailable at {slow} " in m and f"trying {other} " in m for m in refused), refused
+            assert client.router.current == other
+        finally:
+            await store.aclose()
+            await client.close()
+    finally:
+        cluster.stop()

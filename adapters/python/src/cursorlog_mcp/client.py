@@ -266,9 +266,13 @@ class CursorlogClient:
 
     async def keep_alive(self, session: str, stream: int = 0) -> None:
         """Renews the stream's producer lease and the session's idle TTL; ``stream`` 0 renews
-        only the session."""
+        only the session.
+
+        Only the leader renews: a follower (or a leader cut off from its peers) answers
+        UNAVAILABLE naming the leader, and the renewal is resent there like any idempotent call
+        (renewing twice is renewing once), also after a connection lost mid-call."""
         await self._unary(
-            "KeepAlive", pb.KeepAliveRequest(session=session, stream=stream), pb.KeepAliveResponse, retry=False
+            "KeepAlive", pb.KeepAliveRequest(session=session, stream=stream), pb.KeepAliveResponse, retry=True
         )
 
     # Consuming.

@@ -67,7 +67,7 @@ def leader_in_message(message: str) -> str | None:
 
 def may_retry(idempotent: bool, hint: RetryHint) -> bool:
     """Whether a call that failed with UNAVAILABLE may be sent again: anything marked safe, and
-    idempotent calls (reads, ``OpenSession``, appends and completions that carry
+    idempotent calls (reads, ``OpenSession``, ``KeepAlive``, appends and completions that carry
     ``expected_next_seq``) whatever the hint. ``OpenStream`` is not idempotent: a resend after
     ``outcome-unknown`` could open a second stream."""
     return hint == "safe" or idempotent
