@@ -10,7 +10,11 @@ import { afterEach, describe, it } from 'node:test';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { Agent, fetch as undiciFetch } from 'undici';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import type { JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js';
 import { CursorlogClient } from '../src/client.js';
+import { Cursorlog } from '../src/core.js';
+import { parseCursor } from '../src/store.js';
 import { CursorlogCluster, Proxy, Replica, waitFor } from './harness.js';
 
 const STEPS = 40;
@@ -111,5 +115,57 @@ describe('a replicated cursorlog: the leader SIGKILLed mid-call', () => {
     const ended = await waitFor('B\'s tail to end', () => s.b.proc.errLines.find((l) => l.includes('detached tail ended')));
     assert.match(ended, /"why":"stream ended","reopened":[1-9]/);
     await call.client.close();
+  });
+});
+
+describe('a replicated cursorlog: lease renewal across a failover', () => {
+  const LEASE_MS = 1_500;
+  const note = (n: number): JSONRPCMessage => ({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: n } });
+
+  it('a renewal that lands on a follower after a failover is followed to the leader: the stream stays open', async () => {
+    // Member 3 waits 10x longer before it stands for election: it practically never leads.
+    const cluster = await CursorlogCluster.start(3, [300, 300, 3_000]);
+    const slow = cluster.addresses[2]!;
+    let cl: Cursorlog | undefined;
+    try {
+      const probe = new CursorlogClient({ address: cluster.addresses.filter((a) => a !== slow), deadlineMs: 30_000 });
+      await probe.call('OpenSession', { session: `probe-${randomUUID()}` });
+      const leader = probe.router.current;
+      probe.close();
+      assert.notEqual(leader, slow, 'the member with the long election timeout led');
+      const other = cluster.addresses.find((a) => a !== leader && a !== slow)!;
+      // The adapter's list: the leader, then the follower that cannot lead, then the other.
+      cl = new Cursorlog({ address: [leader, slow, other], leaseMs: LEASE_MS, deadlineMs: 30_000, logger: () => {} });
+      const session = `lease-${randomUUID()}`;
+      const opened = await cl.client.call('OpenSession', { session });
+      const store = cl.bindSession(session, opened.epoch);
+      store.attach(new StreamableHTTPServerTransport({ sessionIdGenerator: () => session }));
+      await store.storeEvent('req-1', {} as JSONRPCMessage);
+      const first = parseCursor(await store.storeEvent('req-1', note(1)))!;
+      // Which members refused a call from here on (only lease renewals run until the append below).
+      const refusedAt: string[] = [];
+      const failed = cl.client.router.failed.bind(cl.client.router);
+      cl.client.router.failed = (address: string, hinted: string | undefined): number => {
+        refusedAt.push(address);
+        return failed(address, hinted);
+      };
+      await cluster.kill(leader);
+      // The new leader: the other fast member (the probe rides out the election).
+      const after = new CursorlogClient({ address: other, deadlineMs: 30_000 });
+      await after.call('OpenSession', { session: `probe-${randomUUID()}` });
+      after.close();
+      await new Promise((r) => setTimeout(r, 3 * LEASE_MS)); // three leases, renewals only
+      const outcome = await cl.client.call('GetOutcome', { session, stream: first.stream });
+      assert.equal(outcome.outcome?.state, 'STREAM_STATE_OPEN', `the stream is open: ${JSON.stringify(outcome.outcome)}`);
+      const next = parseCursor(await store.storeEvent('req-1', note(2)))!;
+      assert.equal(next.stream, first.stream);
+      assert.equal(next.seq, first.seq + 1);
+      // The renewal did land on the follower, and was followed from there to the new leader.
+      assert.ok(refusedAt.includes(slow), `a renewal landed on the follower ${slow} (refused at ${refusedAt.join(', ')})`);
+      assert.equal(cl.client.router.current, other);
+    } finally {
+      await cl?.close();
+      await cluster.stop();
+    }
   });
 });

@@ -271,7 +271,8 @@ export async function freePort(): Promise<number> {
 
 /**
  * Three real `cursorlog serve --node-id … --peers …` members on free ports with short Raft
- * timing (election 300–600 ms, heartbeat 50 ms), temp data dirs removed on stop.
+ * timing (election 300–600 ms, heartbeat 50 ms), temp data dirs removed on stop. `electionMs`
+ * sets each member's election timeout (a slow one practically never leads).
  */
 export class CursorlogCluster {
   readonly nodes: (Proc | undefined)[] = [];
@@ -280,7 +281,7 @@ export class CursorlogCluster {
     readonly dataDirs: string[],
   ) {}
 
-  static async start(size = 3): Promise<CursorlogCluster> {
+  static async start(size = 3, electionMs: readonly number[] = []): Promise<CursorlogCluster> {
     const ports: number[] = [];
     for (let i = 0; i < size; i += 1) ports.push(await freePort());
     const addresses = ports.map((p) => `127.0.0.1:${p}`);
@@ -290,7 +291,7 @@ export class CursorlogCluster {
     for (let i = 0; i < size; i += 1) {
       const child = spawn(
         cursorlogBin(),
-        ['serve', '--data-dir', dirs[i]!, '--listen', addresses[i]!, '--node-id', String(i + 1), '--peers', peers, '--election-timeout-ms', '300', '--heartbeat-ms', '50'],
+        ['serve', '--data-dir', dirs[i]!, '--listen', addresses[i]!, '--node-id', String(i + 1), '--peers', peers, '--election-timeout-ms', String(electionMs[i] ?? 300), '--heartbeat-ms', '50'],
         { stdio: ['ignore', 'pipe', 'pipe'] },
       );
       cluster.nodes.push(new Proc(`cursorlog-${i + 1}`, child));
