@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -140,24 +140,31 @@ class CursorlogServer:
 
 class CursorlogCluster:
     """Three real ``cursorlog serve --node-id … --peers …`` members on free ports, short Raft
-    timing (election 300–600 ms, heartbeat 50 ms), data under ``workdir``. ``election_ms``
-    sets each member's election timeout (a slow one practically never leads)."""
+    timing (election 300–600 ms, heartbeat 50 ms), data under ``workdir``."""
 
-    def __init__(self, workdir: Path, size: int = 3, *, election_ms: Sequence[int] | None = None) -> None:
+    def __init__(self, workdir: Path, size: int = 3) -> None:
         self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
-        peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addresses))
-        timeouts = list(election_ms) if election_ms is not None else [300] * size
+        self._workdir = workdir
+        self._peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addresses))
         self.members: dict[str, CursorlogServer] = {}
         try:
-            for i, address in enumerate(self.addresses):
-                election = str(timeouts[i])
-                args = ("--node-id", str(i + 1), "--peers", peers, "--election-timeout-ms", election, "--heartbeat-ms", "50")
-                self.members[address] = CursorlogServer(
-                    workdir / f"member-{i + 1}", workdir / f"member-{i + 1}.log", listen=address, args=args
-                )
+            for address in self.addresses:
+                self._start(address)
         except BaseException:
             self.stop()
             raise
+
+    def _start(self, address: str, log_suffix: str = "") -> None:
+        n = self.addresses.index(address) + 1
+        args = ("--node-id", str(n), "--peers", self._peers, "--election-timeout-ms", "300", "--heartbeat-ms", "50")
+        self.members[address] = CursorlogServer(
+            self._workdir / f"member-{n}", self._workdir / f"member-{n}{log_suffix}.log", listen=address, args=args
+        )
+
+    def restart(self, address: str) -> None:
+        """Starts the member at ``address`` again (after ``kill``) on its data directory."""
+        assert address not in self.members, f"{address} is running"
+        self._start(address, log_suffix=f".{time.monotonic_ns()}")
 
     @property
     def target(self) -> str:

@@ -153,47 +153,48 @@ LEASE_MS = 1_500
 async def test_a_lease_renewal_that_lands_on_a_follower_after_a_failover_keeps_the_call_alive(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 30 item 2. A producer's store holds a stream with a short lease; the leader is
-    SIGKILLed and the store's next renewal lands on a follower (the member after the dead one
-    in its list; its long election timeout keeps it from leading). A follower answers
-    ``KeepAlive`` UNAVAILABLE naming the leader: the renewal is followed there, so after three
-    leases with no append the stream is still open and the producer's next event is stored.
-    (When a follower answered OK and renewed nothing, the new leader aborted the stream:
-    "producer lease expired".)"""
-    cluster = CursorlogCluster(tmp_path, election_ms=(300, 300, 3_000))
-    slow = cluster.addresses[2]
+    """Issue 30 item 2. A producer's store holds a stream with a short lease; its member list is
+    the leader L, then a member F that cannot win the next election (it misses a write: killed
+    before it, restarted after L is killed). L is SIGKILLed, so the store's next renewal lands on
+    F, a follower, which answers ``KeepAlive`` UNAVAILABLE naming the new leader: the renewal is
+    followed there, and after three leases with no append the stream is still open and the
+    producer's next event is stored. (When a follower answered OK and renewed nothing, the new
+    leader aborted the stream: "producer lease expired".)"""
+    cluster = CursorlogCluster(tmp_path)
     try:
-        probe = CursorlogClient([a for a in cluster.addresses if a != slow], timeout_s=30)
+        probe = CursorlogClient(cluster.target, timeout_s=30)
         try:
             await probe.open_session(f"probe-{uuid.uuid4().hex}")
             leader = probe.router.current
         finally:
             await probe.close()
-        assert leader != slow, "the member with the long election timeout led"
-        other = next(a for a in cluster.addresses if a not in (leader, slow))
-        # The store's list: the leader, then the follower that cannot lead, then the other.
-        client = CursorlogClient([leader, slow, other], timeout_s=30)
+        follower, heir = (a for a in cluster.addresses if a != leader)
+        client = CursorlogClient([leader, follower], timeout_s=30)
         store = CursorlogEventStore(client, lease_ms=LEASE_MS)
         try:
             producer = Bound(store)
             first = await producer.store_event("1", progress(1, 1))
+            # F misses a write (committed by L and H), so only H can win the election after L.
+            cluster.kill(follower)
+            await client.open_session(f"missed-{uuid.uuid4().hex}")
             caplog.set_level(logging.INFO, logger="cursorlog_mcp.client")
             cluster.kill(leader)
-            # The new leader is the other fast member (the probe retries through the election).
-            probe = CursorlogClient([other], timeout_s=30)
+            cluster.restart(follower)
+            probe = CursorlogClient([heir], timeout_s=30)
             try:
                 await probe.open_session(f"probe-{uuid.uuid4().hex}")
+                assert probe.router.current == heir
             finally:
                 await probe.close()
-            await anyio.sleep(3 * LEASE_MS / 1000)  # three leases, renewals only
+            await anyio.sleep(3 * LEASE_MS / 1000)  # three leases under the new leader, renewals only
             outcome = await client.get_outcome(producer.session_id, stream=stream_of(first))
             assert outcome.outcome.state == pb.STREAM_STATE_OPEN, outcome
             done = await producer.store_event("1", result(1, "ok"))
             assert stream_of(done) == stream_of(first) and done.endswith("-2"), done
-            # The renewal did land on the follower, and was followed from there to the leader.
+            # A renewal did land on the follower, and was followed from there to the new leader.
             refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cursorlog KeepAlive")]
-            assert any(f"unavailable at {slow} " in m and f"trying {other} " in m for m in refused), refused
-            assert client.router.current == other
+            assert any(f"unavailable at {follower} " in m and f"trying {heir} " in m for m in refused), refused
+            assert client.router.current == heir
         finally:
             await store.aclose()
             await client.close()
