@@ -271,8 +271,7 @@ export async function freePort(): Promise<number> {
 
 /**
  * Three real `cursorlog serve --node-id … --peers …` members on free ports with short Raft
- * timing (election 300–600 ms, heartbeat 50 ms), temp data dirs removed on stop. `electionMs`
- * sets each member's election timeout (a slow one practically never leads).
+ * timing (election 300–600 ms, heartbeat 50 ms), temp data dirs removed on stop.
  */
 export class CursorlogCluster {
   readonly nodes: (Proc | undefined)[] = [];
@@ -281,23 +280,34 @@ export class CursorlogCluster {
     readonly dataDirs: string[],
   ) {}
 
-  static async start(size = 3, electionMs: readonly number[] = []): Promise<CursorlogCluster> {
+  static async start(size = 3): Promise<CursorlogCluster> {
     const ports: number[] = [];
     for (let i = 0; i < size; i += 1) ports.push(await freePort());
     const addresses = ports.map((p) => `127.0.0.1:${p}`);
     const dirs = addresses.map(() => mkdtempSync(join(tmpdir(), 'cursorlog-ts-cluster-')));
     const cluster = new CursorlogCluster(addresses, dirs);
-    const peers = addresses.map((a, i) => `${i + 1}=${a}`).join(',');
-    for (let i = 0; i < size; i += 1) {
-      const child = spawn(
-        cursorlogBin(),
-        ['serve', '--data-dir', dirs[i]!, '--listen', addresses[i]!, '--node-id', String(i + 1), '--peers', peers, '--election-timeout-ms', String(electionMs[i] ?? 300), '--heartbeat-ms', '50'],
-        { stdio: ['ignore', 'pipe', 'pipe'] },
-      );
-      cluster.nodes.push(new Proc(`cursorlog-${i + 1}`, child));
-    }
+    for (let i = 0; i < size; i += 1) cluster.nodes.push(cluster.spawn(i));
     await Promise.all(cluster.nodes.map((n) => n!.line(/^listening on /, 60_000)));
     return cluster;
+  }
+
+  private spawn(i: number): Proc {
+    const peers = this.addresses.map((a, j) => `${j + 1}=${a}`).join(',');
+    const child = spawn(
+      cursorlogBin(),
+      ['serve', '--data-dir', this.dataDirs[i]!, '--listen', this.addresses[i]!, '--node-id', String(i + 1), '--peers', peers, '--election-timeout-ms', '300', '--heartbeat-ms', '50'],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    return new Proc(`cursorlog-${i + 1}`, child);
+  }
+
+  /** Starts the member at `address` again (after {@link kill}) on its data directory. */
+  async restart(address: string): Promise<void> {
+    const i = this.addresses.indexOf(address);
+    if (i < 0 || this.nodes[i] !== undefined) throw new Error(`${address} is not a stopped member`);
+    const node = this.spawn(i);
+    this.nodes[i] = node;
+    await node.line(/^listening on /, 60_000);
   }
 
   /** The comma-separated member list, as the adapter takes it. */
