@@ -23,7 +23,7 @@ const WAIT: Duration = Duration::from_secs(60);
 struct Members {
     addrs: Vec<String>,
     nodes: Vec<Option<Server>>,
-    _dirs: Vec<tempfile::TempDir>,
+    dirs: Vec<tempfile::TempDir>,
     log: PathBuf,
     _log_dir: tempfile::TempDir,
 }
@@ -32,40 +32,49 @@ impl Members {
     fn start() -> Self {
         let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
         let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let nodes = (0..3)
+            .map(|i| Some(Self::spawn(&addrs, &dirs, i)))
+            .collect();
+        let log_dir = tempfile::tempdir().unwrap();
+        Self {
+            addrs,
+            nodes,
+            dirs,
+            log: log_dir.path().join("exec.log"),
+            _log_dir: log_dir,
+        }
+    }
+
+    /// Member `i` on its address and data directory.
+    fn spawn(addrs: &[String], dirs: &[tempfile::TempDir], i: usize) -> Server {
         let peers = addrs
             .iter()
             .enumerate()
             .map(|(i, a)| format!("{}={a}", i + 1))
             .collect::<Vec<_>>()
             .join(",");
-        let nodes = (0..3)
-            .map(|i| {
-                let id = (i + 1).to_string();
-                Some(Server::start_with(Start {
-                    data_dir: Some(dirs[i].path()),
-                    listen: Some(&addrs[i]),
-                    args: &[
-                        "--node-id",
-                        &id,
-                        "--peers",
-                        &peers,
-                        "--election-timeout-ms",
-                        "300",
-                        "--heartbeat-ms",
-                        "50",
-                    ],
-                    ..Start::default()
-                }))
-            })
-            .collect();
-        let log_dir = tempfile::tempdir().unwrap();
-        Self {
-            addrs,
-            nodes,
-            _dirs: dirs,
-            log: log_dir.path().join("exec.log"),
-            _log_dir: log_dir,
-        }
+        let id = (i + 1).to_string();
+        Server::start_with(Start {
+            data_dir: Some(dirs[i].path()),
+            listen: Some(&addrs[i]),
+            args: &[
+                "--node-id",
+                &id,
+                "--peers",
+                &peers,
+                "--election-timeout-ms",
+                "300",
+                "--heartbeat-ms",
+                "50",
+            ],
+            ..Start::default()
+        })
+    }
+
+    /// Starts member `i` again (after [`Members::kill`]) on its data directory.
+    fn restart(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none(), "member {i} is running");
+        self.nodes[i] = Some(Self::spawn(&self.addrs, &self.dirs, i));
     }
 
     /// What a replica is given: every member, comma-separated.
@@ -217,4 +226,128 @@ async fn leader_killed_while_a_resumed_call_follows_it_reads_on_without_duplicat
     let outcome = outcome_on_leader(&members).await;
     assert_eq!(outcome.terminal_seq, Some(STEPS + 1));
     client.cancel().await.unwrap();
+}
+
+/// Issue 30 item 2. The replica lists the leader L, then a member F that cannot win the next
+/// election (it misses a write: killed before it, restarted after L is killed). A tool call's
+/// stream has a 1.5 s lease; L is SIGKILLed, the replica's next lease renewal lands on F, a
+/// follower, which answers `KeepAlive` UNAVAILABLE naming the new leader: the renewal is
+/// followed there, and after more than two leases with no write under the new leader the tool's
+/// step and result are stored on the same stream. (When a follower answered OK and renewed
+/// nothing, the new leader aborted the stream: "producer lease expired".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewal_that_lands_on_a_follower_after_a_failover_keeps_the_call_alive() {
+    const LEASE: Duration = Duration::from_millis(1_500);
+    const DELAY: Duration = Duration::from_millis(9_000);
+    let mut members = Members::start();
+    let leader = members.leader().await;
+    let (follower, heir) = match leader {
+        0 => (1, 2),
+        1 => (2, 0),
+        _ => (0, 1),
+    };
+    let endpoints = [leader, follower]
+        .map(|i| format!("http://{}", members.addrs[i]))
+        .join(",");
+    let log_dir = tempfile::tempdir().unwrap();
+    let replica_log = log_dir.path().join("replica.log");
+    let lease_ms = u64::try_from(LEASE.as_millis()).unwrap();
+    let replica = Replica::start_logged(
+        &endpoints,
+        &members.log,
+        lease_ms,
+        None,
+        &[],
+        Some(&replica_log),
+    );
+    let (progress, client) = connect(&format!("http://{}/mcp", replica.addr)).await;
+
+    // One step after DELAY: until then only lease renewals keep the stream open.
+    let started = Instant::now();
+    let call = call_countdown(&client, 1, u64::try_from(DELAY.as_millis()).unwrap());
+    let opened = stream_on(&members, leader).await;
+    assert_eq!(opened.state(), pb::StreamState::Open);
+    // F misses a write (committed by L and the heir), so only the heir can win after L.
+    members.kill(follower);
+    members.nodes[leader]
+        .as_ref()
+        .unwrap()
+        .client()
+        .await
+        .open_session(pb::OpenSessionRequest {
+            session: "missed-by-the-follower".into(),
+            state: None,
+        })
+        .await
+        .unwrap();
+    members.kill(leader);
+    members.restart(follower);
+    assert_eq!(members.leader().await, heir);
+    let elected = started.elapsed();
+    assert!(
+        progress.seen().is_empty(),
+        "the step came after the failover"
+    );
+    assert!(
+        elected + 2 * LEASE < DELAY,
+        "more than two leases of renewals only under the new leader (elected after {elected:?})"
+    );
+
+    let result = tokio::time::timeout(WAIT, call)
+        .await
+        .expect("the call finishes")
+        .unwrap();
+    assert_eq!(result.as_deref(), Ok("countdown of 1 done"));
+    let outcome = outcome_on_leader(&members).await;
+    assert_eq!(
+        (outcome.state(), outcome.stream, outcome.terminal_seq),
+        (pb::StreamState::Completed, opened.stream, Some(2)),
+        "the stream L opened, completed with the step and the result: {outcome:?}"
+    );
+    // A call (only lease renewals ran between the kill and the step) was refused by the
+    // follower naming the new leader, and followed there.
+    let (follower_addr, heir_addr) = (&members.addrs[follower], &members.addrs[heir]);
+    let text = std::fs::read_to_string(&replica_log).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains("following the leader")
+            && l.contains(&format!("member=\"{follower_addr}\""))
+            && l.contains(&format!("Redirect(\"{heir_addr}\")"))),
+        "a renewal refused by the follower {follower_addr} naming {heir_addr}:\n{text}"
+    );
+    client.cancel().await.unwrap();
+}
+
+/// The countdown's stream on member `i`, once the replica has opened it (polled within [`WAIT`]).
+async fn stream_on(members: &Members, i: usize) -> pb::Outcome {
+    let node = members.nodes[i].as_ref().unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(line) = executions(&members.log).into_iter().next() {
+            let session = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("session="))
+                .unwrap()
+                .to_owned();
+            let request = line.rsplit("id=").next().unwrap().to_owned();
+            let found = node
+                .client()
+                .await
+                .get_outcome(pb::GetOutcomeRequest {
+                    session,
+                    correlation: request,
+                    stream: None,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if let Some(outcome) = found.outcome {
+                return outcome;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no stream for the call within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

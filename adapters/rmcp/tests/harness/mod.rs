@@ -61,6 +61,23 @@ impl Replica {
         token: Option<&str>,
         extra: &[&str],
     ) -> Self {
+        Self::start_logged(endpoints, exec_log, lease_ms, token, extra, None)
+    }
+
+    /// [`Replica::start_on`] with the replica's log (stderr, `cursorlog_rmcp` at debug) written
+    /// to `log` instead of the test's stderr, for a test that reads what the adapter did.
+    pub fn start_logged(
+        endpoints: &str,
+        exec_log: &Path,
+        lease_ms: u64,
+        token: Option<&str>,
+        extra: &[&str],
+        log: Option<&Path>,
+    ) -> Self {
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("create the replica log")),
+            None => Stdio::inherit(),
+        };
         let mut command = Command::new(env!("CARGO_BIN_EXE_cursorlog-rmcp-demo"));
         command.args(extra);
         command.env_remove("CURSORLOG_AUTH_TOKEN");
@@ -76,8 +93,9 @@ impl Replica {
             .arg("--lease-ms")
             .arg(lease_ms.to_string())
             .env("RUST_LOG", "info,cursorlog_rmcp=debug")
+            .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start cursorlog-rmcp-demo");
         let stdout = child.stdout.take().unwrap();
