@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 import anyio
+import grpc
 import pytest
 from mcp.server.streamable_http import GET_STREAM_KEY, EventMessage
 from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCNotification, JSONRPCResponse
@@ -547,3 +548,38 @@ async def test_evicted_cursor_of_a_local_stream_is_marked_then_handed_back(
     assert await store.store_event("4", None) == last  # the SDK's priming call: the head
     done = await store.store_event("4", result(4, "ok"))
     assert done.endswith("-5")
+
+
+async def test_a_keepalive_whose_connection_broke_mid_call_is_resent(cursorlog: CursorlogServer) -> None:
+    """A renewal is idempotent: one that fails UNAVAILABLE with no cursorlog headers (the
+    connection broke under it, e.g. the leader died mid-call) is resent on the next member, so a
+    producer does not lose that renewal (issue 30 item 2)."""
+    client = CursorlogClient([cursorlog.address, "127.0.0.1:1"], timeout_s=10)
+    broken: list[str] = []
+    stub_at = client._stub_at
+
+    class Breaking:
+        def __init__(self, stub: Any) -> None:
+            self._stub = stub
+
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(self._stub, name)
+            if name != "KeepAlive" or broken:
+                return method
+
+            async def fail(*args: Any, **kwargs: Any) -> Any:
+                broken.append(name)
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="Socket closed"
+                )
+
+            return fail
+
+    client._stub_at = lambda address: Breaking(stub_at(address))  # type: ignore[method-assign]
+    try:
+        session = f"ka-{uuid.uuid4().hex}"
+        await client.open_session(session)
+        await client.keep_alive(session)
+        assert broken == ["KeepAlive"], "the first renewal broke, the resend went through"
+    finally:
+        await client.close()
