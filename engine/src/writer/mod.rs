@@ -316,6 +316,9 @@ impl Writer {
         let mut txn = Txn::with_streams(&index, streams);
         let mut buf = self.start_group();
         let mut acks: Acks = Vec::with_capacity(batch.len());
+        // Refusals planned after a group of this batch: claims about state that stands only
+        // if the group is written (a full disk refuses it), so they wait for the write.
+        let mut held: Vec<(ReplyTo, Error)> = Vec::new();
         let mut force_sync = false;
         let first = self.log.next();
         let first_lsn = first.lsn;
@@ -346,14 +349,19 @@ impl Writer {
                 };
                 self.poison(&e);
                 reply.send(Err(e));
-                for (tx, _) in acks {
+                for tx in acks
+                    .into_iter()
+                    .map(|(tx, _)| tx)
+                    .chain(held.into_iter().map(|(tx, _)| tx))
+                {
                     tx.send(Err(Error::Poisoned));
                 }
                 return;
             }
             match planned {
                 Ok(r) => acks.push((reply, r)),
-                Err(e) => reply.send(Err(e)),
+                Err(e) if buf.is_empty() => reply.send(Err(e)),
+                Err(e) => held.push((reply, e)),
             }
         }
         let written = self.write_and_sync(&buf, force_sync);
@@ -367,17 +375,28 @@ impl Writer {
                 self.log.rewind(first);
                 self.streams.clear();
                 self.disarm_group_leases();
-                let replies = acks.into_iter().map(|(tx, _)| tx).collect();
+                let replies = acks
+                    .into_iter()
+                    .map(|(tx, _)| tx)
+                    .chain(held.into_iter().map(|(tx, _)| tx))
+                    .collect();
                 return self.refuse_for_full_disk(&e, replies);
             }
             Err(WriteError::Fatal(e)) => {
                 self.poison(&e);
                 self.disarm_group_leases();
-                for (tx, _) in acks {
+                for tx in acks
+                    .into_iter()
+                    .map(|(tx, _)| tx)
+                    .chain(held.into_iter().map(|(tx, _)| tx))
+                {
                     tx.send(Err(Error::Poisoned));
                 }
                 return;
             }
+        }
+        for (tx, e) in held {
+            tx.send(Err(e));
         }
         let last_lsn = self.log.next_lsn() - 1;
         self.streams = if txn.is_empty() && first_lsn == self.log.next_lsn() {
