@@ -25,6 +25,7 @@ pub mod amnesia;
 pub mod append_limit;
 mod client_options;
 pub mod codec;
+pub mod formation;
 pub mod identity;
 pub mod log_store;
 mod log_sync;
