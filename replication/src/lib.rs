@@ -31,6 +31,7 @@ pub mod log_store;
 mod log_sync;
 pub mod network;
 pub mod node;
+pub mod recovery;
 pub mod service;
 pub mod snapshot;
 mod space;
