@@ -177,8 +177,13 @@ impl ClusterAdmin for AdminService {
         }
         // Whatever is unreachable, a peer that answers with a formed log may hold the
         // cluster's only copy: forming beside it would make a second cluster (review R1).
-        let answers =
-            crate::formation::probe(self.node.id(), &self.founders, self.node.client()).await;
+        // (A member holding a log is answered "already formed" by `initialize` below.)
+        let empty = self.node.status().last_log_index.is_none();
+        let answers = if empty {
+            crate::formation::probe(self.node.id(), &self.founders, self.node.client()).await
+        } else {
+            Vec::new()
+        };
         if let crate::formation::Verdict::Joins(peer, addr, last, cluster, _) =
             crate::formation::verdict(&answers)
         {
