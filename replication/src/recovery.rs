@@ -73,7 +73,7 @@ impl fmt::Display for ForceNewReport {
         if self.unvouched.is_empty() {
             writeln!(
                 f,
-                "every entry it holds was known committed: none cannot be vouched for"
+                "cannot be vouched for: none (every entry it holds was known committed)"
             )?;
         } else {
             let (first, last) = (self.unvouched[0].0, self.last);
@@ -91,9 +91,10 @@ impl fmt::Display for ForceNewReport {
         writeln!(
             f,
             "anything acknowledged that only the lost members held is gone. Start this member \
-             with its usual flags, then on it: `cursorlog cluster add-learner --id N --addr \
-             HOST:PORT` and `cursorlog cluster promote --id N` for each other member (started \
-             on an empty directory)"
+             with its usual flags, then for each other member (started on an empty \
+             directory): `cursorlog cluster add-learner --members {addr} --id N --addr \
+             HOST:PORT` and `cursorlog cluster promote --members {addr} --id N`",
+            addr = self.addr
         )
     }
 }
