@@ -46,7 +46,7 @@ pub(crate) use retire::{HeldSegment, LogBase};
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
 pub use snapshot::{LogSnapshot, SnapshotFile, SnapshotManifest, SnapshotStaging, StagedFile};
 
-use crate::format::{CLUSTER_FILE, VOTE_FILE};
+use crate::format::{AMNESIAC_FILE, CLUSTER_FILE, VOTE_FILE};
 /// The committed index's file.
 const COMMITTED_FILE: &str = "COMMITTED";
 /// The last purged entry's file.
@@ -485,6 +485,33 @@ impl EntryLog {
     /// another cluster's entries); I/O failures.
     pub fn read_cluster(&self) -> Result<Option<Vec<u8>>> {
         self.read_small(CLUSTER_FILE, "cluster identity")
+    }
+
+    /// Marks this member as one that may have lost its vote and log (`on`: it started on a
+    /// new or wiped directory), or clears the mark (it caught up with a leader), durably.
+    ///
+    /// # Errors
+    /// I/O failures; the mark is then as it was.
+    pub fn mark_amnesiac(&self, on: bool) -> Result<()> {
+        let inner = self.lock();
+        if on {
+            durable_file::write(inner.fs.as_ref(), &inner.dir, AMNESIAC_FILE, b"amnesiac")
+        } else {
+            durable_file::remove(inner.fs.as_ref(), &inner.dir, AMNESIAC_FILE)
+        }
+    }
+
+    /// Whether the amnesiac mark is present. A damaged mark counts as present (the guard
+    /// it keeps only delays this member's vote).
+    ///
+    /// # Errors
+    /// I/O failures.
+    pub fn amnesiac(&self) -> Result<bool> {
+        let inner = self.lock();
+        Ok(!matches!(
+            durable_file::read(inner.fs.as_ref(), &inner.dir, AMNESIAC_FILE)?,
+            Read::Missing
+        ))
     }
 
     /// A small checksummed file of this log's directory: missing, or its body.

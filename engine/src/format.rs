@@ -96,6 +96,9 @@ pub const VOTE_FILE: &str = "VOTE";
 /// The cluster a member belongs to (FORMAT.md "Replicated log files"): it refuses Raft
 /// traffic of any other.
 pub const CLUSTER_FILE: &str = "CLUSTER";
+/// Present while a member that started on a new (or wiped) directory has not yet caught up
+/// with a leader (FORMAT.md "Replicated log files"): its vote guard holds across restarts.
+pub const AMNESIAC_FILE: &str = "AMNESIAC";
 
 const _: () = assert!(
     SEGMENT_HEADER_BYTES == 80,

@@ -35,7 +35,15 @@ impl AdminService {
     }
 
     fn status(&self) -> MemberStatus {
-        member_status(&self.node.status())
+        MemberStatus {
+            cluster_id: self
+                .node
+                .identity()
+                .current()
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            ..member_status(&self.node.status())
+        }
     }
 }
 
@@ -57,6 +65,7 @@ pub fn member_status(s: &NodeStatus) -> MemberStatus {
         voters: s.voters.clone().into_iter().collect(),
         learners: s.learners.clone().into_iter().collect(),
         lag: s.lag.clone().into_iter().collect(),
+        cluster_id: String::new(),
     }
 }
 
@@ -166,13 +175,31 @@ impl ClusterAdmin for AdminService {
                 "this member was started without --peers: it has no members to form a cluster with",
             ));
         }
+        // Whatever is unreachable, a peer that answers with a formed log may hold the
+        // cluster's only copy: forming beside it would make a second cluster (review R1).
+        // (A member holding a log is answered "already formed" by `initialize` below.)
+        let empty = self.node.status().last_log_index.is_none();
+        let answers = if empty {
+            crate::formation::probe(self.node.id(), &self.founders, self.node.client()).await
+        } else {
+            Vec::new()
+        };
+        if let crate::formation::Verdict::Joins(peer, addr, last, cluster, _) =
+            crate::formation::verdict(&answers)
+        {
+            return Err(Status::failed_precondition(format!(
+                "member {peer} ({addr}) holds a formed log (cluster {cluster}, up to index \
+                 {last}): not forming a second cluster beside it; if that cluster lost its \
+                 quorum, see `cursorlog cluster force-new` (README, \"Recovery\")"
+            )));
+        }
         tracing::info!(members = ?self.founders, "forming the cluster (cluster init)");
-        // The cluster's identity is its founders'; a member that already belongs to one keeps
-        // it, and `initialize` below refuses a second formation anyway.
+        // A new cluster gets a new random identity; a member that already has one keeps it,
+        // and `initialize` below refuses a second formation anyway.
         let identity = self.node.identity();
         if identity.current().is_none() {
             identity
-                .establish(crate::identity::ClusterId::of_founders(&self.founders))
+                .establish(crate::identity::ClusterId::random())
                 .map_err(|e| {
                     Status::unavailable(format!("cannot save the cluster identity: {e}"))
                 })?;

@@ -13,10 +13,17 @@
 //! remains: a term it voted in before the loss that is newer than the leader that reaches
 //! it; with three members that needs a third candidate in that same term, which cannot
 //! exist.)
+//!
+//! The guard survives a restart (review R10): a member that starts on an empty directory
+//! writes the `AMNESIAC` mark (FORMAT.md) before Raft starts, and removes it only when the
+//! guard lifts. A member that restarts with the mark keeps the guard on even though it has
+//! a `VOTE` by then (the first heartbeat saved the leader's), so a member that restarts
+//! while still catching up does not vote for a candidate lacking what it once acknowledged.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use cursorlog_engine::EntryLog;
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::storage::RaftStateMachine;
 use openraft::ServerState;
@@ -29,6 +36,8 @@ pub struct VoteGuard {
     amnesiac: Arc<AtomicBool>,
     /// The highest commit a leader has told this member of since it started.
     seen_commit: Arc<Mutex<Option<LogId>>>,
+    /// Where the guard is kept across restarts (the `AMNESIAC` mark), if anywhere.
+    mark: Option<EntryLog>,
 }
 
 impl VoteGuard {
@@ -37,6 +46,40 @@ impl VoteGuard {
         Self {
             amnesiac: Arc::new(AtomicBool::new(amnesiac)),
             seen_commit: Arc::default(),
+            mark: None,
+        }
+    }
+
+    /// The guard of the member whose log is `log`, kept across restarts: on when `fresh`
+    /// (it starts without a saved vote: the mark is written, durably, before this returns)
+    /// or when a previous start left the mark; the mark is removed when the guard lifts.
+    ///
+    /// # Errors
+    /// The mark cannot be read or written.
+    pub fn durable(log: &EntryLog, fresh: bool) -> cursorlog_engine::Result<Self> {
+        if fresh {
+            log.mark_amnesiac(true)?;
+        }
+        let amnesiac = fresh || log.amnesiac()?;
+        if amnesiac && !fresh {
+            tracing::info!(
+                "this member restarted before it caught up with a leader (the AMNESIAC mark): \
+                 it votes again once a leader has caught it up"
+            );
+        }
+        Ok(Self {
+            mark: Some(log.clone()),
+            ..Self::new(amnesiac)
+        })
+    }
+
+    /// The guard lifted: removes the mark, so a restart does not put it back.
+    fn lifted(mark: Option<&EntryLog>) {
+        if let Some(log) = mark {
+            if let Err(e) = log.mark_amnesiac(false) {
+                tracing::warn!(error = %e, "cannot remove the AMNESIAC mark: the vote guard \
+                    returns at the next restart until a leader catches this member up again");
+            }
         }
     }
 
@@ -83,6 +126,7 @@ impl VoteGuard {
             return;
         }
         let amnesiac = Arc::clone(&self.amnesiac);
+        let mark = self.mark.clone();
         let mut metrics = raft.metrics();
         tokio::spawn(async move {
             loop {
@@ -91,6 +135,7 @@ impl VoteGuard {
                 }
                 if metrics.borrow_watched().state == ServerState::Leader {
                     amnesiac.store(false, Ordering::Release);
+                    Self::lifted(mark.as_ref());
                     tracing::info!("elected leader: this member votes again");
                     return;
                 }
@@ -118,6 +163,7 @@ impl VoteGuard {
         let leader_commit = leader_commit.map(|c| c.index);
         let caught_up = leader_commit.is_none_or(|c| holds.is_some_and(|h| h >= c));
         if caught_up && self.amnesiac.swap(false, Ordering::AcqRel) {
+            Self::lifted(self.mark.as_ref());
             tracing::info!(
                 leader_commit,
                 "caught up with the leader's committed entries: this member votes again"
@@ -129,6 +175,39 @@ impl VoteGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn open(dir: &std::path::Path) -> EntryLog {
+        EntryLog::open(cursorlog_engine::EntryLogConfig {
+            dir: dir.to_path_buf(),
+            segment_bytes_max: 1 << 20,
+        })
+        .expect("open the log")
+    }
+
+    #[test]
+    fn the_guard_survives_a_restart_until_it_lifts() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = open(dir.path());
+        let guard = VoteGuard::durable(&log, true).expect("fresh start");
+        assert!(guard.waiting());
+        // A heartbeat saved the leader's vote; the member restarts before it caught up.
+        guard.accepted_append(Some(3), Some(LogId::new_term_index(2, 40)));
+        drop((guard, log));
+        let log = open(dir.path());
+        let guard = VoteGuard::durable(&log, false).expect("restart with a VOTE");
+        assert!(
+            guard.waiting(),
+            "the mark keeps the guard on despite the VOTE"
+        );
+        assert!(guard.refusal(Some(&LogId::new_term_index(2, 17))).is_some());
+        guard.accepted_append(Some(40), Some(LogId::new_term_index(2, 40)));
+        assert!(!guard.waiting());
+        drop((guard, log));
+        let log = open(dir.path());
+        let guard = VoteGuard::durable(&log, false).expect("restart after catching up");
+        assert!(!guard.waiting(), "lifted for good once caught up");
+        assert!(!log.amnesiac().expect("read"));
+    }
 
     #[test]
     fn an_amnesiac_member_refuses_only_candidates_of_a_formed_cluster() {

@@ -2,27 +2,27 @@
 //!
 //! Raft trusts whoever reaches a member's address. A member of another cluster that has this
 //! address in its `--peers` (a stale configuration, two clusters on one host with a port
-//! reused, two test clusters handed one port) would otherwise get its votes and entries
-//! accepted: its node 1 of term 1 is indistinguishable from this cluster's node 1 of term 1,
-//! and the member would mix two clusters' entries in one log.
+//! reused, two test clusters handed one port, or a cluster re-formed on the same hosts)
+//! would otherwise get its votes and entries accepted: its node 1 of term 1 is
+//! indistinguishable from this cluster's node 1 of term 1, and the member would mix two
+//! clusters' entries in one log.
 //!
 //! So every member holds a [`ClusterId`], saved in its directory (`CLUSTER`, FORMAT.md), and
 //! every Raft request carries it in the [`CLUSTER_HEADER`] header:
 //!
-//! - A member started with `--peers` and without `--join` (and the member `cluster init` is
-//!   sent to) derives it from the member that forms the cluster: the lowest `ID=HOST:PORT` of
-//!   `--peers`. Every founder derives the same value before any of them speaks, and so does a
-//!   member started later with `--peers` listing everyone; a founder whose directory was
-//!   wiped derives it again. Two clusters share it only if their forming members share an
-//!   address, which two running clusters cannot.
-//! - A member started with `--join` has none until a peer reaches it: it adopts the first
-//!   identity presented, saved before the request is served.
+//! - The member that forms the cluster (`crate::formation`, or `cluster init`) picks a
+//!   random one ([`ClusterId::random`]) and saves it before it initializes: each formation
+//!   is a new cluster, even on the same hosts and addresses.
+//! - Every other member has none until a peer reaches it: it adopts the first identity
+//!   presented, saved before the request is served.
 //! - A member with an identity refuses a request with another one with
-//!   `FAILED_PRECONDITION` naming both, and logs it once per foreign identity. A request
-//!   without one comes from a build before identities: it is admitted, so a cluster can be
-//!   upgraded one member at a time.
+//!   `FAILED_PRECONDITION` naming both, changes nothing, and logs it once per foreign
+//!   identity. A request without one comes from a build before identities: it is admitted,
+//!   so a cluster can be upgraded one member at a time.
+//! - A saved identity stands: a member of an earlier build, whose identity was derived from
+//!   its founders' addresses, keeps it (the other members saved the same value).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,8 +30,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cursorlog_engine::EntryLog;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
-
-use crate::types::{NodeId, RaftNode};
 
 /// The header every Raft request carries its sender's cluster identity in.
 pub const CLUSTER_HEADER: &str = "cursorlog-cluster";
@@ -41,20 +39,17 @@ pub const CLUSTER_HEADER: &str = "cursorlog-cluster";
 pub struct ClusterId(u64);
 
 impl ClusterId {
-    /// The identity of the cluster `members` (a `--peers` list) belong to: FNV-1a over
-    /// `ID=HOST:PORT` of the lowest id, the member that forms the cluster. Deterministic
-    /// across builds and machines, so every member listing that one derives the same value.
-    pub fn of_founders(members: &BTreeMap<NodeId, RaftNode>) -> Self {
-        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-        const PRIME: u64 = 0x0000_0100_0000_01b3;
-        let mut hash = OFFSET;
-        if let Some((id, node)) = members.iter().next() {
-            for byte in format!("{id}={}", node.addr).bytes() {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(PRIME);
-            }
-        }
-        Self(hash)
+    /// A new identity for a cluster being formed: 64 random bits (the standard library's
+    /// per-process random hash keys, mixed with the time and the process id), never 0.
+    pub fn random() -> Self {
+        use std::hash::{BuildHasher as _, Hasher as _};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        hasher.write_u128(now);
+        hasher.write_u32(std::process::id());
+        Self(hasher.finish().max(1))
     }
 }
 
@@ -214,12 +209,6 @@ mod tests {
     use cursorlog_engine::EntryLogConfig;
     use tonic::Code;
 
-    fn members(list: &[(NodeId, &str)]) -> BTreeMap<NodeId, RaftNode> {
-        list.iter()
-            .map(|(id, a)| (*id, RaftNode::new(*a)))
-            .collect()
-    }
-
     fn open(dir: &std::path::Path) -> EntryLog {
         EntryLog::open(EntryLogConfig {
             dir: dir.to_path_buf(),
@@ -237,35 +226,11 @@ mod tests {
     }
 
     #[test]
-    fn members_listing_one_forming_member_derive_one_identity_and_others_another() {
-        let a = members(&[
-            (1, "127.0.0.1:7001"),
-            (2, "127.0.0.1:7002"),
-            (3, "127.0.0.1:7003"),
-        ]);
-        let same = members(&[
-            (3, "127.0.0.1:7003"),
-            (1, "127.0.0.1:7001"),
-            (2, "127.0.0.1:7002"),
-        ]);
-        // A member started later with --peers listing everyone, itself included.
-        let joiner = members(&[
-            (1, "127.0.0.1:7001"),
-            (2, "127.0.0.1:7002"),
-            (3, "127.0.0.1:7003"),
-            (4, "127.0.0.1:7004"),
-        ]);
-        // Another cluster whose member 3 has cluster a's member 3's address.
-        let b = members(&[
-            (1, "127.0.0.1:8001"),
-            (2, "127.0.0.1:8002"),
-            (3, "127.0.0.1:7003"),
-        ]);
-        assert_eq!(ClusterId::of_founders(&a), ClusterId::of_founders(&same));
-        assert_eq!(ClusterId::of_founders(&a), ClusterId::of_founders(&joiner));
-        assert_ne!(ClusterId::of_founders(&a), ClusterId::of_founders(&b));
-        let id = ClusterId::of_founders(&a);
-        assert_eq!(id.to_string().parse::<ClusterId>(), Ok(id));
+    fn each_formation_draws_another_identity_that_reads_back() {
+        let a = ClusterId::random();
+        let b = ClusterId::random();
+        assert_ne!(a, b, "two formations, even on the same hosts");
+        assert_eq!(a.to_string().parse::<ClusterId>(), Ok(a));
         assert!("xyz".parse::<ClusterId>().is_err());
     }
 

@@ -4,8 +4,8 @@
 //! Wiring, in the order [`ReplicatedNode::start`] does it: open the [`EntryLog`]; open the
 //! engine over it with a proposer that does not know its Raft handle yet (the engine is the
 //! state machine, and the Raft handle needs the state machine: the proposer gets the handle
-//! once it exists); start Raft; a node listed first in a fresh cluster's member list
-//! initializes the cluster.
+//! once it exists); start Raft; a member with an empty directory asks its peers before it
+//! forms anything (`crate::formation`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{Instant as _, ReadPolicy, ServerState};
 
 use crate::amnesia::VoteGuard;
-use crate::identity::{ClusterId, ClusterIdentity, IdentityError};
+use crate::identity::{ClusterIdentity, IdentityError};
 use crate::network::{ClientOptions, NetworkFactory};
 use crate::state_machine::EngineStateMachine;
 use crate::types::{ClusterTiming, NodeId, Proposal as RaftProposal, Raft, RaftNode};
@@ -35,8 +35,8 @@ pub struct NodeOptions {
     /// The engine's configuration (its `dir` is the node's data directory).
     pub engine: Config,
     /// The cluster's members when it is first formed: id → client/peer address. The member
-    /// with the lowest id initializes a cluster whose logs are all empty; later starts
-    /// ignore it (membership then lives in the log).
+    /// with the lowest id initializes the cluster once every member answered with an empty
+    /// log (`crate::formation`); later starts ignore it (membership then lives in the log).
     pub members: BTreeMap<NodeId, RaftNode>,
     /// Election and heartbeat timing.
     pub timing: ClusterTiming,
@@ -80,6 +80,10 @@ pub struct ReplicatedNode {
     store: SegmentLogStore,
     /// The cluster this member belongs to (`crate::identity`).
     identity: ClusterIdentity,
+    /// How this member reaches its peers (the formation probe, `cluster init`).
+    client: ClientOptions,
+    /// Asks the peers until this member holds a log (`crate::formation`); stopped at shutdown.
+    formation: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for ReplicatedNode {
@@ -136,12 +140,12 @@ impl ReplicatedNode {
             )));
         }
         let fresh = !voted;
-        // A founder (started with its --peers, not --join) knows its cluster before it speaks;
-        // a saved identity stands even if --peers changed since (members come and go).
+        // A saved identity stands even if --peers changed since (members come and go); a
+        // member without one gets it from the formation or from the first leader that
+        // reaches it (`crate::identity`).
         let identity = ClusterIdentity::load(log.clone())?;
-        if identity.current().is_none() && !options.members.is_empty() {
-            identity.establish(ClusterId::of_founders(&options.members))?;
-        }
+        // Written before Raft starts, so it is on disk before any vote is saved (R10).
+        let vote_guard = VoteGuard::durable(&log, fresh)?;
         let proposer = Arc::new(RaftProposer {
             id: options.id,
             raft: OnceLock::new(),
@@ -171,23 +175,24 @@ impl ReplicatedNode {
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let _ = proposer.raft.set(raft.clone());
-        let first = options.members.keys().next().copied();
-        if fresh && first == Some(options.id) {
-            match raft.initialize(options.members.clone()).await {
-                Ok(()) => tracing::info!(members = ?options.members, "initialized the cluster"),
-                Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(e))) => {
-                    tracing::info!(reason = %e, "the cluster is already initialized");
-                }
-                Err(e) => return Err(StartError::Raft(e.to_string())),
-            }
-        }
-        let vote_guard = VoteGuard::new(fresh);
+        // A member whose log is empty forms a cluster only when every peer answered with an
+        // empty log (the founder), and otherwise says what it waits for (R1).
+        let empty = raft.metrics().borrow_watched().last_log_index.is_none();
+        let formation = (empty && !options.members.is_empty()).then(|| {
+            crate::formation::spawn(
+                raft.clone(),
+                options.id,
+                options.members.clone(),
+                options.client.clone(),
+                identity.clone(),
+            )
+        });
         vote_guard.lift_when_leading(&raft);
         let space_watch = Arc::new(Mutex::new(Some(crate::space::spawn_space_watch(
             raft.clone(),
             &engine,
         ))));
-        if fresh && first != Some(options.id) {
+        if fresh {
             tracing::info!(
                 "this member has no saved vote: it votes in an election of a running cluster \
                  only after a leader has reached it"
@@ -202,7 +207,19 @@ impl ReplicatedNode {
             space_watch,
             store,
             identity,
+            client: options.client,
+            formation: Arc::new(Mutex::new(formation)),
         })
+    }
+
+    /// This member's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// How this member reaches its peers.
+    pub fn client(&self) -> &ClientOptions {
+        &self.client
     }
 
     /// This member's cluster identity: give it to the Raft service
@@ -337,6 +354,15 @@ impl ReplicatedNode {
         if let Some(watch) = watch {
             watch.abort();
             let _ = watch.await;
+        }
+        let formation = self
+            .formation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(formation) = formation {
+            formation.abort();
+            let _ = formation.await;
         }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not shut down cleanly");

@@ -1,5 +1,6 @@
 //! `cursorlog cluster init|status|add-learner|promote|remove`: operate a replicated cluster
-//! through its members' `cursorlog.raft.v1.ClusterAdmin` service.
+//! through its members' `cursorlog.raft.v1.ClusterAdmin` service; `cluster force-new` works
+//! on a stopped member's data directory (a lost quorum's way out).
 //!
 //! Every command takes `--members` (the cluster's client addresses, comma-separated); a
 //! membership change goes to whichever of them reports itself leader.
@@ -49,6 +50,23 @@ pub enum ClusterCommand {
         /// The members' ids.
         #[arg(long = "id", required = true)]
         ids: Vec<u64>,
+    },
+    /// LOST QUORUM ONLY: make this stopped member the only voter of its cluster (in the
+    /// spirit of etcd's --force-new-cluster). Run it on the surviving member with the longest
+    /// log, while it is stopped; it prints the log entries it cannot vouch for. Then start it
+    /// with its usual flags and add the others back (`add-learner`, `promote`) on empty
+    /// directories. README, "Recovery".
+    ForceNew {
+        /// The stopped member's data directory.
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+        /// The member's id (its --node-id).
+        #[arg(long)]
+        node_id: u64,
+        /// Its --listen address, HOST:PORT [default: its address in the last membership
+        /// its log holds].
+        #[arg(long)]
+        addr: Option<String>,
     },
 }
 
@@ -140,6 +158,19 @@ pub fn run(command: ClusterCommand) -> ExitCode {
 
 async fn execute(command: ClusterCommand) -> Result<(), String> {
     match command {
+        ClusterCommand::ForceNew {
+            data_dir,
+            node_id,
+            addr,
+        } => {
+            let report = tokio::task::spawn_blocking(move || {
+                cursorlog_replication::recovery::force_new_cluster(&data_dir, node_id, addr)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            print!("{report}");
+            Ok(())
+        }
         ClusterCommand::Init(target) => init(&target).await,
         ClusterCommand::Status(target) => {
             println!("{}", header());

@@ -274,6 +274,22 @@ fn the_cluster_identity_is_durable_and_a_damaged_one_is_refused() {
 }
 
 #[test]
+fn the_amnesiac_mark_survives_a_reopen_until_it_is_cleared() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    assert!(!log.amnesiac().expect("read"));
+    log.mark_amnesiac(true).expect("mark");
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert!(log.amnesiac().expect("read"), "the mark outlives a restart");
+    log.mark_amnesiac(false).expect("clear");
+    log.mark_amnesiac(false).expect("clearing twice is fine");
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert!(!log.amnesiac().expect("read"));
+}
+
+#[test]
 fn a_second_open_of_the_directory_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
     let _log = EntryLog::open(config(dir.path())).expect("open");

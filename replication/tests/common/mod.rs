@@ -108,7 +108,11 @@ async fn start(
     .await
     .expect("the node starts");
     let service = RaftService::new(node.raft().clone(), SnapshotSpool::default()).into_server();
-    let (stop_server, server) = serve(tonic::service::Routes::new(service), listener);
+    // The admin service too: a member with an empty log asks its peers' status before it
+    // forms the cluster (`formation.rs`).
+    let admin = cursorlog_replication::AdminService::new(node.clone(), members.clone());
+    let routes = tonic::service::Routes::new(service).add_service(admin.into_server());
+    let (stop_server, server) = serve(routes, listener);
     Running {
         node,
         stop_server,
