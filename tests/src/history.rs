@@ -929,7 +929,7 @@ pub struct Report {
     pub violations: Vec<(String, Verdict)>,
     /// Sessions the search could not decide.
     pub undecided: Vec<String>,
-    /// Calls by (nemesis phase, answer kind).
+    /// Calls by (nemesis phase, "member N: answer kind").
     pub answers: BTreeMap<(String, String), usize>,
 }
 
@@ -982,7 +982,10 @@ pub fn check(ops: &[Op], budget: usize) -> Report {
         by_key.entry(&op.session).or_default().push(op.clone());
         *report
             .answers
-            .entry((op.phase.clone(), op.answer.kind()))
+            .entry((
+                op.phase.clone(),
+                format!("member {}: {}", op.member + 1, op.answer.kind()),
+            ))
             .or_default() += 1;
     }
     for (key, history) in by_key {
