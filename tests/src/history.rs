@@ -128,6 +128,20 @@ impl Call {
         )
     }
 
+    /// The RPC's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::OpenSession => "OpenSession",
+            Self::GetSession => "GetSession",
+            Self::AdvanceEpoch => "AdvanceEpoch",
+            Self::OpenStream { .. } => "OpenStream",
+            Self::Append { .. } => "Append",
+            Self::Complete { .. } => "Complete",
+            Self::KeepAlive { .. } => "KeepAlive",
+            Self::Resolve { .. } => "Resolve",
+        }
+    }
+
     fn stream(&self) -> Option<u64> {
         match self {
             Self::Append { stream, .. }

@@ -838,14 +838,22 @@ async fn every_answer_is_explained_by_a_sequential_model() {
     );
 }
 
-/// Violations counted by the nemesis phase of the last call of their witness (the answer
-/// that could not be explained).
+/// Violations counted by the nemesis phase, the call and the member (the faulted one or
+/// another) of the last call of their witness (the answer that could not be explained).
 fn violations_by_phase(report: &history::Report) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for (_, v) in &report.violations {
         if let Verdict::Violation { witness, .. } = v {
             if let Some(last) = witness.iter().max_by_key(|o| o.end) {
-                *out.entry(last.phase.clone()).or_default() += 1;
+                // Whether the faulted member (the old leader) or another one answered.
+                let faulted = format!("of member {}", last.member + 1);
+                let by = if last.phase.ends_with(&faulted) {
+                    "by the faulted member"
+                } else {
+                    "by another member"
+                };
+                let what = format!("{}: {} {by}", last.phase, last.call.name());
+                *out.entry(what).or_default() += 1;
             }
         }
     }
