@@ -429,7 +429,8 @@ async fn send(cluster: &Cluster, member: usize, session: &str, call: &Call, tag:
 
 /// One client: calls its member until told to stop, recording every call.
 async fn client(shared: Arc<Shared>, id: usize, member: usize, mut rng: Rng) {
-    let mut tag = 0_u64;
+    // Payloads unique across clients: no append is ever a retry of another client's.
+    let mut tag = (id as u64) << 32;
     let mut quiet = shared.quiet.subscribe();
     while !shared.stop.load(Ordering::Relaxed) {
         // Held while the nemesis keeps this member's clients quiet (lifted before the stop).
