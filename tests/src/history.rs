@@ -698,6 +698,20 @@ pub enum Verdict {
     Undecided,
 }
 
+impl Verdict {
+    /// A violation's unexplained answer: the last of its witness's answers to end (answers
+    /// that claim something; an outcome-unknown call is never the culprit).
+    pub fn culprit(&self) -> Option<&Op> {
+        match self {
+            Self::Violation { witness, .. } => witness
+                .iter()
+                .filter(|o| !matches!(o.answer, Answer::Unknown { .. } | Answer::NotDone { .. }))
+                .max_by_key(|o| o.end),
+            _ => None,
+        }
+    }
+}
+
 /// How an op enters the search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -941,9 +955,11 @@ pub fn check_key(history: &[Op], budget: usize) -> Verdict {
 /// The verdicts of a whole history.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// Keys (sessions) checked, by verdict.
+    /// Sessions whose every answer is explained.
     pub ok: usize,
-    /// Sessions with a violation, with their verdicts.
+    /// Sessions with at least one violation.
+    pub sessions_with_violations: usize,
+    /// Every violation found, with its session (several per session: see [`check`]).
     pub violations: Vec<(String, Verdict)>,
     /// Sessions the search could not decide.
     pub undecided: Vec<String>,
@@ -955,8 +971,9 @@ impl Report {
     /// A readable summary, with every violation's witness.
     pub fn render(&self) -> String {
         let mut out = format!(
-            "history check: {} sessions ok, {} with a violation, {} undecided\n",
+            "history check: {} sessions ok, {} with violations ({} violations), {} undecided\n",
             self.ok,
+            self.sessions_with_violations,
             self.violations.len(),
             self.undecided.len()
         );
@@ -974,7 +991,15 @@ impl Report {
         if !self.undecided.is_empty() {
             let _ = writeln!(out, "  undecided sessions: {:?}", self.undecided);
         }
+        let mut shown = std::collections::HashSet::new();
         for (key, verdict) in &self.violations {
+            if !shown.insert(key) {
+                // A session's later lies: the answer only (its first has the whole witness).
+                if let Some(op) = verdict.culprit() {
+                    let _ = writeln!(out, "VIOLATION in session {key:?} too: {op}");
+                }
+                continue;
+            }
             if let Verdict::Violation { witness, stuck } = verdict {
                 let _ = writeln!(
                     out,
@@ -1006,15 +1031,51 @@ pub fn check(ops: &[Op], budget: usize) -> Report {
             ))
             .or_default() += 1;
     }
-    for (key, history) in by_key {
-        match check_key(&history, budget) {
-            Verdict::Ok => report.ok += 1,
-            Verdict::Undecided => report.undecided.push(key.to_owned()),
-            v @ Verdict::Violation { .. } => report.violations.push((key.to_owned(), v)),
+    for (key, mut history) in by_key {
+        // After a violation, the answer that proved it is set aside and the rest checked
+        // again, so a session reports each lie (up to `VIOLATIONS_PER_SESSION`), not only
+        // its first.
+        let mut found = 0;
+        loop {
+            match check_key(&history, budget) {
+                Verdict::Ok => {
+                    if found == 0 {
+                        report.ok += 1;
+                    }
+                    break;
+                }
+                Verdict::Undecided => {
+                    report.undecided.push(key.to_owned());
+                    break;
+                }
+                v @ Verdict::Violation { .. } => {
+                    // Only an answer that changes nothing is set aside: without a write
+                    // whose acknowledgement has no explanation, what follows would be
+                    // judged against a state the cluster never had.
+                    let next = v
+                        .culprit()
+                        .filter(|o| read_only(o))
+                        .map(|o| (o.client, o.start));
+                    report.violations.push((key.to_owned(), v));
+                    report.sessions_with_violations += usize::from(found == 0);
+                    found += 1;
+                    let Some((client, start)) = next else {
+                        break;
+                    };
+                    let before = history.len();
+                    history.retain(|o| (o.client, o.start) != (client, start));
+                    if found >= VIOLATIONS_PER_SESSION || history.len() == before {
+                        break;
+                    }
+                }
+            }
         }
     }
     report
 }
+
+/// The most violations reported per session.
+pub const VIOLATIONS_PER_SESSION: usize = 10;
 
 #[cfg(test)]
 #[path = "history_tests.rs"]

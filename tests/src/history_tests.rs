@@ -430,8 +430,11 @@ fn the_report_names_the_session_and_its_witness() {
             "seq conflict on stream 10: expected next seq 7, stream head is 3 (a gap)",
         ),
     ));
+    // A second lie in the same session is reported too.
+    h.push(op(1, 300, 310, Call::OpenSession, opened_session(1, true)));
     let report = check(&h, BUDGET);
-    assert_eq!(report.violations.len(), 1);
+    assert_eq!(report.sessions_with_violations, 1);
+    assert_eq!(report.violations.len(), 2, "{}", report.render());
     let text = report.render();
     assert!(text.contains("VIOLATION in session \"S\""), "{text}");
     assert!(text.contains("stream head is 3"), "{text}");
