@@ -439,3 +439,13 @@ fn the_report_names_the_session_and_its_witness() {
     assert!(text.contains("VIOLATION in session \"S\""), "{text}");
     assert!(text.contains("stream head is 3"), "{text}");
 }
+
+#[test]
+fn a_search_out_of_budget_is_undecided_not_passed() {
+    let mut h = setup(5);
+    h.push(op(1, 100, 110, append(10, 6, 1), appended(6, 6)));
+    assert!(matches!(check_key(&h, 3), Verdict::Undecided));
+    let report = check(&h, 3);
+    assert_eq!(report.undecided, vec!["S".to_owned()]);
+    assert_eq!(report.ok, 0);
+}
