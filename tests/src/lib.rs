@@ -25,6 +25,7 @@ use tonic::transport::Channel;
 
 pub mod cluster;
 pub mod fault;
+pub mod history;
 pub mod ports;
 pub mod proxy;
 

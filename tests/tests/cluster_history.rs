@@ -1,0 +1,969 @@
+//! Issue 30 item 6: every answer checked against a model.
+//!
+//! Three real `cursorlog` members; six clients, two on each member, send a mix of session
+//! and stream calls straight to their member's client port — also while that member is cut
+//! off, paused or down — and record every call with its start, its end and its answer
+//! (`cursorlog_tests::history`). A nemesis, one fault at a time against the current leader:
+//! cut off both ways (`isolate-both`), both ways after its clients fell quiet so no failing
+//! write of its own tells it that it lost the lead, then they call it with what the other side
+//! answered (`isolate-quiet`), one way (`isolate-out`, `isolate-in`), paused past the election
+//! timeout, killed, all three killed; `isolate-reject` (every connection reset, as a rejecting
+//! firewall) on request. After healing, the whole history is checked per session against the
+//! sequential model: an answer no real-time order explains is a violation, printed as the
+//! shortest sub-history that proves it. The lies of issue 30 item 1 are also injected into the
+//! recorded history to show the checker rejects them there. Last, each member in turn leads
+//! and serves every session and stream: all must serve the same.
+//!
+//! `CURSORLOG_HISTORY_FAULTS=N` (default 7: one of each kind but `isolate-reject`, in a seeded
+//! order; more are drawn at random), `CURSORLOG_HISTORY_SEED=S`, `CURSORLOG_HISTORY_KINDS=a,b`
+//! (only those kinds), `CURSORLOG_HISTORY_BUDGET=steps` (the search cap per session, default
+//! 2,000,000) and `CURSORLOG_HISTORY_DUMP=path` (every recorded call, one a line).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test")]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT, WAIT};
+use cursorlog_tests::history::{self, Answer, Call, Claim, Op, Phase, Recorder, Verdict};
+use cursorlog_tests::proxy::Mode;
+use cursorlog_tests::{absorb, event, pb, ReadAll};
+use tonic::Status;
+
+/// As `cluster_faults`: 600 ms elections and 100 ms heartbeats on a loaded 2-core machine.
+const TIMING: [&str; 6] = [
+    "--election-timeout-ms",
+    "600",
+    "--heartbeat-ms",
+    "100",
+    "--segment-bytes",
+    "65536",
+];
+
+/// How long a client waits for an answer before it records the call as outcome-unknown.
+const CALL_TIMEOUT: Duration = Duration::from_millis(2500);
+/// A client's pause between calls (pacing, so a session's history stays tens of calls long).
+const PACE: Duration = Duration::from_millis(40);
+/// Calls per session before clients move on to a fresh one (keeps each key's search small).
+const CALLS_PER_SESSION: usize = 80;
+/// Clients per member.
+const CLIENTS_PER_MEMBER: usize = 2;
+/// How long a fault is held at most once the other side made progress (or, for faults
+/// that stop all progress, at all): a few election timeouts.
+const HOLD: Duration = Duration::from_millis(2500);
+
+const KINDS: [&str; 8] = [
+    "isolate-both",
+    "isolate-quiet",
+    "isolate-out",
+    "isolate-in",
+    "pause-leader",
+    "kill-leader",
+    "kill-all",
+    "isolate-reject",
+];
+
+/// The kinds of the default (CI) run: all but `isolate-reject` (a cut by connection resets,
+/// which behaved as `isolate-both` in every run so far).
+const CI_KINDS: usize = 7;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// What the clients have learned of one stream (from answers; a hint, never trusted).
+#[derive(Debug, Clone)]
+struct StreamView {
+    id: u64,
+    epoch: u64,
+    head: u64,
+    open: bool,
+}
+
+/// What the clients have learned of one session.
+#[derive(Debug, Clone)]
+struct SessionView {
+    name: String,
+    epoch: u64,
+    streams: Vec<StreamView>,
+    calls: usize,
+}
+
+impl SessionView {
+    fn new(name: String) -> Self {
+        Self {
+            name,
+            epoch: 0,
+            streams: Vec::new(),
+            calls: 0,
+        }
+    }
+
+    /// Learns from an answer.
+    fn learn(&mut self, call: &Call, answer: &Answer) {
+        let stream = match call {
+            Call::Append { stream, .. }
+            | Call::Complete { stream, .. }
+            | Call::KeepAlive { stream }
+            | Call::Resolve { stream, .. } => Some(*stream),
+            _ => None,
+        };
+        let s = stream.and_then(|id| self.streams.iter_mut().find(|s| s.id == id));
+        match answer {
+            Answer::Session { epoch, .. } => self.epoch = self.epoch.max(*epoch),
+            Answer::Advanced { epoch, .. } => {
+                self.epoch = self.epoch.max(*epoch);
+                for s in &mut self.streams {
+                    if s.epoch < *epoch {
+                        s.open = false;
+                    }
+                }
+            }
+            Answer::Opened { stream, epoch } => self.streams.push(StreamView {
+                id: *stream,
+                epoch: *epoch,
+                head: 0,
+                open: true,
+            }),
+            Answer::Appended { last, .. } => {
+                if let Some(s) = s {
+                    s.head = s.head.max(*last);
+                }
+            }
+            Answer::Completed { terminal_seq, .. } => {
+                if let Some(s) = s {
+                    s.head = s.head.max(*terminal_seq);
+                    s.open = false;
+                }
+            }
+            Answer::Resolved { head, phase, .. } => {
+                if let Some(s) = s {
+                    s.head = s.head.max(head.unwrap_or(0));
+                    s.open &= phase.is_none_or(|p| p == Phase::Open);
+                }
+            }
+            Answer::Refused { claim, .. } => match (claim, s) {
+                (Claim::StaleEpoch { current }, _) => self.epoch = self.epoch.max(*current),
+                (Claim::Head(h), Some(s)) => s.head = s.head.max(*h),
+                (Claim::Terminated { .. }, Some(s)) => s.open = false,
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+}
+
+/// Everything the clients and the nemesis share.
+struct Shared {
+    cluster: Arc<Cluster>,
+    recorder: Recorder,
+    /// The nemesis' current phase (the fault kind, "healing" or "steady").
+    phase: Mutex<String>,
+    /// The two sessions clients are working on now.
+    active: Mutex<Vec<SessionView>>,
+    /// Every session ever worked on (for the final check).
+    retired: Mutex<Vec<SessionView>>,
+    next_session: AtomicU64,
+    /// Sessions are not retired while set: a fault's both sides work on the same sessions.
+    frozen: AtomicBool,
+    stop: AtomicBool,
+    /// OK answers so far (the nemesis waits for progress on it).
+    oks: tokio::sync::watch::Sender<u64>,
+    /// A member whose clients hold their calls (`isolate-quiet`).
+    quiet: tokio::sync::watch::Sender<Option<usize>>,
+    /// Calls in flight to each member.
+    in_flight: tokio::sync::watch::Sender<[usize; MEMBERS]>,
+    /// Answers (or timeouts) from each member so far.
+    answered: tokio::sync::watch::Sender<[u64; MEMBERS]>,
+}
+
+impl Shared {
+    fn phase(&self) -> String {
+        self.phase.lock().unwrap().clone()
+    }
+
+    fn set_phase(&self, p: &str) {
+        p.clone_into(&mut self.phase.lock().unwrap());
+    }
+
+    /// A session slot to work on, retiring a slot that has had its share of calls.
+    fn pick(&self, rng: &mut Rng) -> SessionView {
+        let mut active = self.active.lock().unwrap();
+        let i = rng.below(active.len());
+        if active[i].calls >= CALLS_PER_SESSION && !self.frozen.load(Ordering::Relaxed) {
+            let n = self.next_session.fetch_add(1, Ordering::Relaxed);
+            let fresh = SessionView::new(format!("h{n}"));
+            let old = std::mem::replace(&mut active[i], fresh);
+            self.retired.lock().unwrap().push(old);
+        }
+        active[i].calls += 1;
+        active[i].clone()
+    }
+
+    fn learn(&self, session: &str, call: &Call, answer: &Answer) {
+        let mut active = self.active.lock().unwrap();
+        if let Some(v) = active.iter_mut().find(|v| v.name == session) {
+            v.learn(call, answer);
+            return;
+        }
+        drop(active);
+        let mut retired = self.retired.lock().unwrap();
+        if let Some(v) = retired.iter_mut().find(|v| v.name == session) {
+            v.learn(call, answer);
+        }
+    }
+
+    /// Waits until `n` more calls to `member` came back, or `hold` passed.
+    async fn answers_from(&self, member: usize, n: u64, hold: Duration) -> bool {
+        let mut rx = self.answered.subscribe();
+        let target = rx.borrow()[member] + n;
+        let reached = tokio::time::timeout(hold, rx.wait_for(|v| v[member] >= target))
+            .await
+            .is_ok();
+        reached
+    }
+
+    /// Waits until `n` more calls were answered OK, or `hold` passed.
+    async fn progress(&self, n: u64, hold: Duration) -> bool {
+        let mut rx = self.oks.subscribe();
+        let target = *rx.borrow() + n;
+        let reached = tokio::time::timeout(hold, rx.wait_for(|v| *v >= target))
+            .await
+            .is_ok();
+        reached
+    }
+}
+
+/// The next call a client makes on `view`.
+fn choose(view: &SessionView, rng: &mut Rng) -> Call {
+    if view.epoch == 0 {
+        return Call::OpenSession;
+    }
+    let open: Vec<&StreamView> = view.streams.iter().filter(|s| s.open).collect();
+    let any_stream = |rng: &mut Rng| -> Option<&StreamView> {
+        // Mostly open streams; sometimes an ended one (its answers are claims too).
+        if !open.is_empty() && rng.below(5) > 0 {
+            Some(open[rng.below(open.len())])
+        } else if view.streams.is_empty() {
+            None
+        } else {
+            Some(&view.streams[rng.below(view.streams.len())])
+        }
+    };
+    let r = rng.below(100);
+    let stream = any_stream(rng);
+    match (r, stream) {
+        (0..=4, _) => Call::OpenSession,
+        (5..=9, _) => Call::GetSession,
+        (10..=12, _) => Call::AdvanceEpoch,
+        (13..=24, _) | (_, None) => Call::OpenStream {
+            // Now and then an epoch that may be stale.
+            epoch: if rng.below(10) == 0 {
+                view.epoch.saturating_sub(1).max(1)
+            } else {
+                view.epoch
+            },
+        },
+        (25..=61, Some(s)) => Call::Append {
+            stream: s.id,
+            expected: s.head + 1,
+            events: 1 + rng.below(2) as u64,
+        },
+        (62..=66, Some(s)) => Call::Complete {
+            stream: s.id,
+            expected: s.head + 1,
+        },
+        (67..=81, Some(s)) => Call::KeepAlive { stream: s.id },
+        (_, Some(s)) => Call::Resolve {
+            stream: s.id,
+            epoch: s.epoch,
+        },
+    }
+}
+
+/// Sends `call` to member `member` and turns the reply into an [`Answer`].
+async fn send(cluster: &Cluster, member: usize, session: &str, call: &Call, tag: u64) -> Answer {
+    let mut c = cluster.client(member);
+    let session = session.to_owned();
+    let payload = |k: u64| format!("{session}/{tag}/{k}").into_bytes();
+    let fut = async {
+        let answer: Result<Answer, Status> = match call {
+            Call::OpenSession => c
+                .open_session(pb::OpenSessionRequest {
+                    session: session.clone(),
+                    state: None,
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    Answer::Session {
+                        epoch: r.epoch,
+                        created: Some(r.created),
+                    }
+                }),
+            Call::GetSession => c
+                .get_session(pb::GetSessionRequest {
+                    session: session.clone(),
+                })
+                .await
+                .map(|r| Answer::Session {
+                    epoch: r.into_inner().epoch,
+                    created: None,
+                }),
+            Call::AdvanceEpoch => c
+                .advance_epoch(pb::AdvanceEpochRequest {
+                    session: session.clone(),
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    Answer::Advanced {
+                        epoch: r.epoch,
+                        superseded: r.superseded_streams,
+                    }
+                }),
+            Call::OpenStream { epoch } => c
+                .open_stream(pb::OpenStreamRequest {
+                    session: session.clone(),
+                    epoch: *epoch,
+                    correlation: None,
+                    lease_ms: None,
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    Answer::Opened {
+                        stream: r.stream,
+                        epoch: r.epoch,
+                    }
+                }),
+            Call::Append {
+                stream,
+                expected,
+                events,
+            } => c
+                .append(pb::AppendRequest {
+                    session: session.clone(),
+                    stream: *stream,
+                    expected_next_seq: Some(*expected),
+                    events: (0..*events).map(|k| event("h", &payload(k))).collect(),
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    Answer::Appended {
+                        first: r.first_seq,
+                        last: r.last_seq,
+                        duplicate: r.duplicate,
+                    }
+                }),
+            Call::Complete { stream, expected } => c
+                .complete(pb::CompleteRequest {
+                    session: session.clone(),
+                    stream: *stream,
+                    expected_next_seq: Some(*expected),
+                    terminal: Some(event("result", &payload(0))),
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    Answer::Completed {
+                        terminal_seq: r.terminal_seq,
+                        duplicate: r.duplicate,
+                    }
+                }),
+            Call::KeepAlive { stream } => c
+                .keep_alive(pb::KeepAliveRequest {
+                    session: session.clone(),
+                    stream: *stream,
+                })
+                .await
+                .map(|_| Answer::Alive),
+            Call::Resolve { stream, epoch } => c
+                .resolve(pb::ResolveRequest {
+                    session: session.clone(),
+                    last_event_id: format!("{epoch}-{stream}-0"),
+                    declared_stream: None,
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    Answer::Resolved {
+                        verdict: r.verdict,
+                        current_epoch: r.current_epoch,
+                        phase: r.stream_state.and_then(Phase::from_proto),
+                        head: r.head,
+                    }
+                }),
+        };
+        answer
+    };
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(status)) => Answer::from_status(&status),
+        Err(_) => Answer::timed_out(CALL_TIMEOUT),
+    }
+}
+
+/// One client: calls its member until told to stop, recording every call.
+async fn client(shared: Arc<Shared>, id: usize, member: usize, mut rng: Rng) {
+    // Payloads unique across clients: no append is ever a retry of another client's.
+    let mut tag = (id as u64) << 32;
+    let mut quiet = shared.quiet.subscribe();
+    while !shared.stop.load(Ordering::Relaxed) {
+        // Held while the nemesis keeps this member's clients quiet (lifted before the stop).
+        quiet.wait_for(|q| *q != Some(member)).await.unwrap();
+        shared.in_flight.send_modify(|f| f[member] += 1);
+        let view = shared.pick(&mut rng);
+        let call = choose(&view, &mut rng);
+        tag += 1;
+        let phase = shared.phase();
+        let start = shared.recorder.now();
+        let answer = send(&shared.cluster, member, &view.name, &call, tag).await;
+        shared.learn(&view.name, &call, &answer);
+        if !matches!(
+            answer,
+            Answer::Refused { .. } | Answer::Unknown { .. } | Answer::NotDone { .. }
+        ) {
+            shared.oks.send_modify(|n| *n += 1);
+        }
+        shared.recorder.record(Op {
+            client: id,
+            member,
+            session: view.name.clone(),
+            call,
+            start,
+            end: 0,
+            answer,
+            phase,
+        });
+        shared.in_flight.send_modify(|f| f[member] -= 1);
+        shared.answered.send_modify(|a| a[member] += 1);
+        tokio::time::sleep(PACE).await;
+    }
+}
+
+/// One fault of `kind` against the current leader, held until the other side made progress
+/// (or [`HOLD`] passed), then healed.
+async fn fault(shared: &Shared, kind: &str, leader: usize) {
+    let cluster = &shared.cluster;
+    shared.set_phase(&format!("{kind} of member {}", leader + 1));
+    // Both sides of the fault work on the sessions both knew before it.
+    shared.frozen.store(true, Ordering::Relaxed);
+    match kind {
+        "isolate-both" | "isolate-out" | "isolate-in" => {
+            let (out, inbound) = match kind {
+                "isolate-both" => (true, true),
+                "isolate-out" => (true, false),
+                _ => (false, true),
+            };
+            cluster.isolate(leader, out, inbound);
+            if out {
+                cluster.leader(Some(leader)).await;
+            }
+            shared.progress(30, HOLD).await;
+        }
+        "isolate-quiet" => {
+            // The leader's clients fall quiet before the cut: with no write of its own failing,
+            // nothing tells it that it no longer leads. The other side elects a leader and makes
+            // progress; then the old leader's clients call it with what they learned there.
+            shared.quiet.send_replace(Some(leader));
+            let mut f = shared.in_flight.subscribe();
+            let idle = f.wait_for(|f| f[leader] == 0);
+            tokio::time::timeout(CALL_TIMEOUT * 2, idle)
+                .await
+                .expect("the quiet clients' calls ended")
+                .unwrap();
+            cluster.isolate(leader, true, true);
+            cluster.leader(Some(leader)).await;
+            shared.progress(30, HOLD).await;
+            shared.quiet.send_replace(None);
+            shared.answers_from(leader, 30, HOLD).await;
+        }
+        "isolate-reject" => {
+            // As a firewall that rejects: every connection to and from it is reset.
+            for j in (0..MEMBERS).filter(|j| *j != leader) {
+                cluster.link(leader, j, Mode::Reset);
+                cluster.link(j, leader, Mode::Reset);
+            }
+            cluster.leader(Some(leader)).await;
+            shared.progress(30, HOLD).await;
+        }
+        "pause-leader" => {
+            cluster.pause(leader);
+            cluster.leader(Some(leader)).await;
+            shared.progress(30, HOLD).await;
+            cluster.resume(leader);
+        }
+        "kill-leader" => {
+            cluster.kill(leader);
+            cluster.leader(Some(leader)).await;
+            shared.progress(30, HOLD).await;
+            cluster.restart(leader);
+        }
+        "kill-all" => {
+            for i in 0..MEMBERS {
+                cluster.kill(i);
+            }
+            for i in 0..MEMBERS {
+                cluster.restart(i);
+            }
+        }
+        _ => unreachable!("unknown fault kind {kind}"),
+    }
+    cluster.heal();
+    shared.frozen.store(false, Ordering::Relaxed);
+}
+
+/// What one member serves of a session: its epoch and, per stream, the Read's resolution
+/// facts, its events and how it ended.
+type Served = BTreeMap<(String, u64), String>;
+
+/// Reads every session and stream on member `t` (which leads); `Err` when it lost the lead
+/// (or a call got no answer) on the way.
+async fn served_by(
+    cluster: &Cluster,
+    t: usize,
+    sessions: &[SessionView],
+    out: &mut Served,
+) -> Result<(), String> {
+    for s in sessions {
+        if out.contains_key(&(s.name.clone(), u64::MAX)) {
+            continue;
+        }
+        let mut c = cluster.client(t);
+        let got = tokio::time::timeout(
+            RPC_TIMEOUT,
+            c.get_session(pb::GetSessionRequest {
+                session: s.name.clone(),
+            }),
+        )
+        .await
+        .map_err(|_| format!("GetSession({}) timed out", s.name))?;
+        let epoch = match got {
+            Ok(r) => format!("epoch {}", r.into_inner().epoch),
+            Err(e) if e.code() == tonic::Code::Unavailable => {
+                return Err(format!("GetSession({}): {e:?}", s.name))
+            }
+            Err(e) => format!("{:?}: {}", e.code(), e.message()),
+        };
+        out.insert((s.name.clone(), 0), epoch);
+        for v in &s.streams {
+            if out.contains_key(&(s.name.clone(), v.id)) {
+                continue;
+            }
+            let request = pb::ReadRequest {
+                session: s.name.clone(),
+                last_event_id: format!("{}-{}-0", v.epoch, v.id),
+                declared_stream: None,
+                follow: false,
+                batch_events_max: 0,
+                resume_own_stream: true,
+            };
+            let read = async {
+                let mut all = ReadAll::default();
+                let mut st = c.read(request).await?.into_inner();
+                while let Some(msg) = st.message().await? {
+                    absorb(&mut all, msg);
+                }
+                Ok::<_, Status>(all)
+            };
+            let read = tokio::time::timeout(RPC_TIMEOUT, read).await;
+            let all = match read.map_err(|_| format!("Read of stream {} timed out", v.id))? {
+                Ok(all) => all,
+                Err(e) if e.code() == tonic::Code::Unavailable => {
+                    return Err(format!("Read of stream {}: {e:?}", v.id))
+                }
+                Err(e) => {
+                    let what = format!("{:?}: {}", e.code(), e.message());
+                    out.insert((s.name.clone(), v.id), what);
+                    continue;
+                }
+            };
+            let r = all.resolution.unwrap_or_default();
+            let events: Vec<(u64, String)> = all
+                .events
+                .iter()
+                .map(|e| (e.seq, String::from_utf8_lossy(&e.payload).into_owned()))
+                .collect();
+            out.insert(
+                (s.name.clone(), v.id),
+                format!(
+                    "verdict {} epoch {:?} state {:?} head {:?} terminal {:?}; events {events:?}; \
+                     end {:?}",
+                    r.verdict,
+                    r.current_epoch,
+                    r.stream_state,
+                    r.head,
+                    r.terminal_seq,
+                    all.end.map(|e| (e.state, e.terminal_seq))
+                ),
+            );
+        }
+        // This session is done (a resumed pass skips it).
+        out.insert((s.name.clone(), u64::MAX), String::new());
+    }
+    Ok(())
+}
+
+/// Records a final `Resolve` of every stream and `GetSession` of every session on the
+/// leader, so the checker also judges what survived against what was acknowledged.
+async fn final_reads(shared: &Shared, sessions: &[SessionView]) {
+    let cluster = &shared.cluster;
+    for s in sessions {
+        let mut calls = vec![Call::GetSession];
+        calls.extend(s.streams.iter().map(|v| Call::Resolve {
+            stream: v.id,
+            epoch: v.epoch,
+        }));
+        for call in calls {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let leader = cluster.leader(None).await;
+                let start = shared.recorder.now();
+                let answer = send(cluster, leader, &s.name, &call, 0).await;
+                let done = !matches!(answer, Answer::Unknown { .. } | Answer::NotDone { .. });
+                shared.recorder.record(Op {
+                    client: 99,
+                    member: leader,
+                    session: s.name.clone(),
+                    call: call.clone(),
+                    start,
+                    end: 0,
+                    answer,
+                    phase: "final".into(),
+                });
+                if done {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "no final answer for {call}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "issue 30: fails until the leadership fixes land (items 1 and 2: a cut-off leader \
+            and a lagging follower answer from stale state; at ca2fb44 every run has \
+            violations). Run with --ignored"]
+async fn every_answer_is_explained_by_a_sequential_model() {
+    let began = Instant::now();
+    let faults = env_u64("CURSORLOG_HISTORY_FAULTS", CI_KINDS as u64);
+    let seed = env_u64(
+        "CURSORLOG_HISTORY_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    );
+    let budget = env_u64("CURSORLOG_HISTORY_BUDGET", 2_000_000) as usize;
+    let kinds: Vec<&str> = match std::env::var("CURSORLOG_HISTORY_KINDS") {
+        Ok(only) => KINDS
+            .into_iter()
+            .filter(|k| only.split(',').any(|o| o == *k))
+            .collect(),
+        Err(_) => KINDS[..CI_KINDS].to_vec(),
+    };
+    eprintln!("cluster_history: seed {seed}, {faults} faults of {kinds:?}");
+    let mut rng = Rng(seed);
+    let cluster = Arc::new(Cluster::start(&TIMING).await);
+    let _dump = DumpOnPanic(Arc::clone(&cluster));
+    let mut leader;
+    let shared = Arc::new(Shared {
+        cluster: Arc::clone(&cluster),
+        recorder: Recorder::default(),
+        phase: Mutex::new("steady".into()),
+        active: Mutex::new(vec![
+            SessionView::new("h0".into()),
+            SessionView::new("h1".into()),
+        ]),
+        retired: Mutex::default(),
+        next_session: AtomicU64::new(2),
+        frozen: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        oks: tokio::sync::watch::channel(0).0,
+        quiet: tokio::sync::watch::channel(None).0,
+        in_flight: tokio::sync::watch::channel([0; MEMBERS]).0,
+        answered: tokio::sync::watch::channel([0; MEMBERS]).0,
+    });
+    let mut clients = Vec::new();
+    for id in 0..MEMBERS * CLIENTS_PER_MEMBER {
+        let rng = Rng(seed ^ (0x9e37_79b9 * (id as u64 + 1)));
+        clients.push(tokio::spawn(client(
+            Arc::clone(&shared),
+            id,
+            id % MEMBERS,
+            rng,
+        )));
+    }
+    assert!(
+        shared.progress(30, WAIT).await,
+        "no progress before the faults"
+    );
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for n in 0..faults {
+        // One of each kind first, in a seeded order; then drawn at random.
+        let kind = if (n as usize) < kinds.len() {
+            kinds[(n as usize + (seed as usize % kinds.len())) % kinds.len()]
+        } else {
+            kinds[rng.below(kinds.len())]
+        };
+        // The leader now (it may have moved since the last fault healed).
+        leader = cluster.leader(None).await;
+        eprintln!(
+            "fault {n}: {kind} (leader {}) at {:?}",
+            leader + 1,
+            began.elapsed()
+        );
+        fault(&shared, kind, leader).await;
+        shared.set_phase(&format!("healing after {kind}"));
+        let now = cluster.leader(None).await;
+        cluster.wait_caught_up(now).await;
+        shared.progress(20, WAIT).await;
+        shared.set_phase("steady");
+        *counts.entry(kind).or_default() += 1;
+    }
+    shared.stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+    cluster.heal();
+    let leader = cluster.leader(None).await;
+    cluster.wait_caught_up(leader).await;
+    let mut sessions = shared.retired.lock().unwrap().clone();
+    sessions.extend(shared.active.lock().unwrap().iter().cloned());
+    final_reads(&shared, &sessions).await;
+    let workload_done = began.elapsed();
+    let ops = shared.recorder.ops();
+    if let Some(path) = std::env::var_os("CURSORLOG_HISTORY_DUMP") {
+        let text: String = ops.iter().map(|o| format!("{} {o}\n", o.session)).collect();
+        std::fs::write(path, text).unwrap();
+    }
+    let checked = Instant::now();
+    let report = history::check(&ops, budget);
+    let check_time = checked.elapsed();
+    let by_fault = violations_by_phase(&report);
+    eprintln!("{}", report.render());
+    let lies = injected_lies(&ops);
+    let missed: Vec<&str> = lies
+        .iter()
+        .filter(|(_, h)| !matches!(history::check_key(h, budget), Verdict::Violation { .. }))
+        .map(|(what, _)| *what)
+        .collect();
+    eprintln!(
+        "injected lies: {} of {} caught (missed: {missed:?})",
+        lies.len() - missed.len(),
+        lies.len()
+    );
+    assert!(
+        missed.is_empty(),
+        "the checker missed injected lies: {missed:?}"
+    );
+
+    // Every member in turn leads and serves every session and stream.
+    let mut served: Vec<Served> = Vec::new();
+    for t in 0..MEMBERS {
+        let mut tries = 0;
+        let mut by_t = Served::new();
+        loop {
+            cluster.force_leader(t).await;
+            match served_by(&cluster, t, &sessions, &mut by_t).await {
+                Ok(()) => break,
+                Err(why) => eprintln!("member {} as leader: {why}", t + 1),
+            }
+            tries += 1;
+            assert!(
+                tries < 30,
+                "member {} kept losing the lead; {} violations (above)",
+                t + 1,
+                report.violations.len()
+            );
+        }
+        served.push(by_t);
+    }
+    let mut diverged = Vec::new();
+    for t in 1..MEMBERS {
+        for (key, v0) in &served[0] {
+            let vt = served[t].get(key);
+            if vt != Some(v0) {
+                diverged.push(format!(
+                    "{key:?}: member 1 serves {v0}; member {} serves {vt:?}",
+                    t + 1
+                ));
+            }
+        }
+    }
+
+    eprintln!(
+        "cluster_history totals: seed {seed}; faults {counts:?}; {} calls in {} sessions; \
+         violations by the phase of the call that proves them: {by_fault:?}; undecided {}; \
+         diverged members {}; workload {workload_done:?}, check {:?}, total {:?}",
+        ops.len(),
+        sessions.len(),
+        report.undecided.len(),
+        diverged.len(),
+        check_time,
+        began.elapsed()
+    );
+    assert!(
+        diverged.is_empty(),
+        "members serve different state:\n{}",
+        diverged.join("\n")
+    );
+    assert!(
+        report.violations.is_empty(),
+        "{} answers in {} sessions that no order explains (see above)",
+        report.violations.len(),
+        report.sessions_with_violations
+    );
+}
+
+/// Violations counted by the nemesis phase, the call and the member (the faulted one or
+/// another) of the last call of their witness (the answer that could not be explained).
+fn violations_by_phase(report: &history::Report) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (_, v) in &report.violations {
+        if let Some(last) = v.culprit() {
+            // Whether the faulted member (the old leader) or another one answered.
+            let faulted = format!("of member {}", last.member + 1);
+            let by = if last.phase.ends_with(&faulted) {
+                "by the faulted member"
+            } else {
+                "by another member"
+            };
+            let what = format!("{}: {} {by}", last.phase, last.call.name());
+            *out.entry(what).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The lies of issue 30 item 1, injected into the recorded history right after the answer
+/// that makes them lies: (what, the session's history with the lie added). Each must be
+/// rejected, which shows the checker judges the real history with teeth.
+fn injected_lies(ops: &[Op]) -> Vec<(&'static str, Vec<Op>)> {
+    let mut out = Vec::new();
+    let session_of = |o: &Op| -> Vec<Op> {
+        ops.iter()
+            .filter(|x| x.session == o.session)
+            .cloned()
+            .collect()
+    };
+    let lie = |o: &Op, call: Call, answer: Answer| Op {
+        client: 98,
+        member: o.member,
+        session: o.session.clone(),
+        call,
+        start: o.end + 1,
+        end: o.end + 2,
+        answer,
+        phase: "injected".into(),
+    };
+    let refused =
+        |code: tonic::Code, message: String| Answer::from_status(&Status::new(code, message));
+    if let Some(o) = ops
+        .iter()
+        .find(|o| matches!(o.answer, Answer::Advanced { .. }))
+    {
+        let Answer::Advanced { epoch, superseded } = &o.answer else {
+            unreachable!()
+        };
+        let mut h = session_of(o);
+        h.push(lie(
+            o,
+            Call::OpenStream { epoch: *epoch },
+            refused(
+                tonic::Code::FailedPrecondition,
+                format!(
+                    "stale epoch {epoch}: the session's current epoch is {}",
+                    epoch - 1
+                ),
+            ),
+        ));
+        out.push(("stale epoch after the epoch advanced", h));
+        let mut h = session_of(o);
+        h.push(lie(
+            o,
+            Call::OpenSession,
+            Answer::Session {
+                epoch: epoch - 1,
+                created: Some(false),
+            },
+        ));
+        out.push(("OpenSession at the old epoch", h));
+        if let Some(stream) = superseded.first() {
+            let mut h = session_of(o);
+            h.push(lie(o, Call::KeepAlive { stream: *stream }, Answer::Alive));
+            out.push(("KeepAlive OK of a superseded stream", h));
+        }
+    }
+    if let Some(o) = ops
+        .iter()
+        .find(|o| matches!(o.answer, Answer::Appended { last, duplicate: false, .. } if last >= 2))
+    {
+        let (Call::Append { stream, .. }, Answer::Appended { last, .. }) = (&o.call, &o.answer)
+        else {
+            unreachable!()
+        };
+        let mut h = session_of(o);
+        h.push(lie(
+            o,
+            Call::Append {
+                stream: *stream,
+                expected: last + 1,
+                events: 1,
+            },
+            refused(
+                tonic::Code::Aborted,
+                format!(
+                    "seq conflict on stream {stream}: expected next seq {}, stream head is {}: \
+                     injected",
+                    last + 1,
+                    last - 1
+                ),
+            ),
+        ));
+        out.push(("a head below an acknowledged append", h));
+    }
+    if let Some(o) = ops
+        .iter()
+        .find(|o| matches!(o.answer, Answer::Opened { .. }))
+    {
+        let Answer::Opened { stream, .. } = &o.answer else {
+            unreachable!()
+        };
+        let mut h = session_of(o);
+        h.push(lie(
+            o,
+            Call::KeepAlive { stream: *stream },
+            refused(
+                tonic::Code::NotFound,
+                format!("stream {stream} not found in this session"),
+            ),
+        ));
+        out.push(("NOT_FOUND for an acknowledged stream", h));
+    }
+    out
+}
