@@ -665,9 +665,6 @@ async fn final_reads(shared: &Shared, sessions: &[SessionView]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "issue 30: fails until the leadership fixes land (items 1 and 2: a cut-off leader \
-            and a lagging follower answer from stale state; at ca2fb44 every run has \
-            violations). Run with --ignored"]
 async fn every_answer_is_explained_by_a_sequential_model() {
     let began = Instant::now();
     let faults = env_u64("CURSORLOG_HISTORY_FAULTS", CI_KINDS as u64);
