@@ -69,6 +69,8 @@ pub fn binary() -> PathBuf {
         "server/Cargo.toml",
         "engine/src",
         "engine/Cargo.toml",
+        "replication/src",
+        "replication/Cargo.toml",
     ];
     let protos = [
         "proto/src",
