@@ -169,4 +169,33 @@ mod tests {
             Err(CodecError::Decode { .. })
         ));
     }
+
+    /// `Proposal.records` is encoded as one byte string (serde_bytes), and its bytes are the
+    /// ones a member of the build before wrote (a sequence of u8): old and new members read
+    /// each other's entries, so a cluster upgrades one member at a time.
+    #[test]
+    fn proposal_bytes_are_the_wire_bytes_of_a_plain_byte_sequence() {
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct Before {
+            records: Vec<u8>,
+        }
+        let records: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let new = encode(
+            "new",
+            &Proposal {
+                records: records.clone(),
+            },
+        )
+        .unwrap();
+        let old = encode(
+            "old",
+            &Before {
+                records: records.clone(),
+            },
+        )
+        .unwrap();
+        assert_eq!(new, old);
+        assert_eq!(decode::<Proposal>("old", &old).unwrap().records, records);
+        assert_eq!(decode::<Before>("new", &new).unwrap().records, records);
+    }
 }

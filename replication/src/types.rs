@@ -35,7 +35,9 @@ impl fmt::Display for RaftNode {
 /// validation in `apply`) belongs to the engine.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
-    /// The encoded records.
+    /// The encoded records (one byte string on the wire, not a sequence of bytes: issue 31,
+    /// the review's leader CPU per event; wire-compatible with the sequence postcard wrote).
+    #[serde(with = "serde_bytes")]
     pub records: Vec<u8>,
 }
 
