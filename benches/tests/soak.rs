@@ -7,7 +7,11 @@
 //! shared 2-core machine it moved by up to +68 % between thirds of flat runs (fsync and
 //! scheduling noise from other processes; benches/README.md has the figures), so a 10 % bound
 //! would fail at random; 150 % still catches a latency that more than doubles. The long run
-//! keeps 10 % for every resource.
+//! keeps 10 % for every resource. The p99 is judged on what the server controls: one that
+//! left the band is excused when its ratio to the disk's own fdatasync p99 (the bench's
+//! control probe beside the data directory) stayed within it. A busy machine's disk once took
+//! the p99 +206 % (fsync p99 5.3 -> 14.9 ms, p99/fsync 3.35 -> 3.65): the disk's, not the
+//! server's. The raw change is still printed in the table.
 //!
 //! `soak_without_idle_ttl_is_not_flat` runs the same fleet against a server whose sessions
 //! never expire when idle and expects the check to fail: it proves the check sees growth. It

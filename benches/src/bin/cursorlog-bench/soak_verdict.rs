@@ -5,8 +5,14 @@
 //! appends acknowledged in the third (the p99 of the third, rather than a mean of the
 //! intervals' p99s, each of which rests on its few largest values). A run with failed
 //! operations, a follow call the server ended under a connected client, an interval without
-//! a single acknowledged append, or a third without samples fails too. The control probe's
-//! fdatasync p99 per third is reported beside the verdict, not judged.
+//! a single acknowledged append, or a third without samples fails too.
+//!
+//! The append p99 is judged on what the server controls: every append waits for an
+//! `fdatasync`, so when the disk slows down (other processes' I/O on a shared machine) the p99
+//! follows it. A control probe measures the disk's own fdatasync p99 per third beside the
+//! server; when it ran, an append p99 that left the band is excused if its ratio to the
+//! disk's p99 stayed within the band (the disk moved, not the server). The raw change is
+//! always printed.
 
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
@@ -115,19 +121,19 @@ pub struct Row {
     pub means: [Option<f64>; 3],
     /// The largest allowed relative change (0.1 = 10 %).
     pub tolerance: f64,
-    /// Whether the last third is within the tolerance of the first.
+    /// Whether the last third is within the tolerance of the first (for the append p99: or
+    /// its ratio to the disk's fdatasync p99 is, [`Row::by_disk`]).
     pub flat: bool,
+    /// The append p99 only: its change left the band but its ratio to the disk's p99 did not,
+    /// so the disk explains it and the row passes.
+    pub by_disk: bool,
 }
 
 impl Row {
     /// Relative change from the first to the last third (`None` when either is missing, or
     /// the first is 0 and the last not).
     pub fn change(&self) -> Option<f64> {
-        let (first, last) = (self.means[0]?, self.means[2]?);
-        if first == 0.0 {
-            return (last == 0.0).then_some(0.0);
-        }
-        Some((last - first) / first)
+        relative_change(self.means[0], self.means[2])
     }
 }
 
@@ -167,7 +173,11 @@ impl Verdict {
                 cell(r.means[2]),
                 change,
                 format!("±{:.0} %", r.tolerance * 100.0),
-                if r.flat { "yes" } else { "NO" }
+                match (r.flat, r.by_disk) {
+                    (true, true) => "yes: the disk's (p99 / fsync p99 within the band)",
+                    (true, false) => "yes",
+                    (false, _) => "NO",
+                }
             );
         }
         if self.fsync_p99_ms.iter().any(Option::is_some) {
@@ -183,11 +193,13 @@ impl Verdict {
         if let Some(ratio) = self.p99_over_disk() {
             let cell = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
             println!(
-                "{:<18} {:>12} {:>12} {:>12}  (append p99 in units of the disk's; not judged)",
+                "{:<18} {:>12} {:>12} {:>12} {:>9}  (append p99 in units of the disk's)",
                 "p99 / fsync p99",
                 cell(ratio[0]),
                 cell(ratio[1]),
-                cell(ratio[2])
+                cell(ratio[2]),
+                relative_change(ratio[0], ratio[2])
+                    .map_or_else(|| "-".to_owned(), |c| format!("{:+.1} %", c * 100.0))
             );
         }
         if self.passed() {
@@ -202,20 +214,10 @@ impl Verdict {
 
     /// The append p99 of each third divided by the disk's `fdatasync` p99 of the same third
     /// (`None`: no probe): when the append p99 moves with the machine's disk, this stays
-    /// level; when the server itself slows down, it rises. Reported, not judged.
+    /// level; when the server itself slows down, it rises.
     pub fn p99_over_disk(&self) -> Option<[Option<f64>; 3]> {
         let append = self.rows.iter().find(|r| r.name == "append p99 ms")?;
-        if self.fsync_p99_ms.iter().all(Option::is_none) {
-            return None;
-        }
-        let mut ratio = [None; 3];
-        for (i, r) in ratio.iter_mut().enumerate() {
-            *r = match (append.means[i], self.fsync_p99_ms[i]) {
-                (Some(a), Some(d)) if d > 0.0 => Some(a / d),
-                _ => None,
-            };
-        }
-        Some(ratio)
+        ratio_to_disk(append.means, self.fsync_p99_ms)
     }
 
     /// The same as JSON.
@@ -232,6 +234,7 @@ impl Verdict {
                     "change": r.change(),
                     "tolerance": r.tolerance,
                     "flat": r.flat,
+                    "flat_by_disk": r.by_disk,
                 })
             })
             .collect();
@@ -246,6 +249,35 @@ impl Verdict {
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// `(last - first) / first` (`None` when either is missing, or the first is 0 and the last
+/// not).
+fn relative_change(first: Option<f64>, last: Option<f64>) -> Option<f64> {
+    let (first, last) = (first?, last?);
+    if first == 0.0 {
+        return (last == 0.0).then_some(0.0);
+    }
+    Some((last - first) / first)
+}
+
+/// Each third's append p99 divided by the disk's fdatasync p99 of the same third (`None`: the
+/// probe measured no third).
+fn ratio_to_disk(
+    append_p99_ms: [Option<f64>; 3],
+    fsync_p99_ms: [Option<f64>; 3],
+) -> Option<[Option<f64>; 3]> {
+    if fsync_p99_ms.iter().all(Option::is_none) {
+        return None;
+    }
+    let mut ratio = [None; 3];
+    for (i, r) in ratio.iter_mut().enumerate() {
+        *r = match (append_p99_ms[i], fsync_p99_ms[i]) {
+            (Some(a), Some(d)) if d > 0.0 => Some(a / d),
+            _ => None,
+        };
+    }
+    Some(ratio)
+}
 
 /// The 99th percentile of all the latencies `pick` finds in `samples`, in ms (`None`: none).
 fn merged_p99_ms<'a>(
@@ -314,6 +346,14 @@ pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tol: Toleran
             ));
         }
     }
+    let mut fsync_p99_ms = [None; 3];
+    for (third, p99) in fsync_p99_ms.iter_mut().enumerate() {
+        let in_third = measured
+            .iter()
+            .filter(|(_, i)| *i == third)
+            .map(|(s, _)| *s);
+        *p99 = merged_p99_ms(in_third, |s| s.fsync_hist.as_ref());
+    }
     let mut rows = Vec::new();
     for (name, get) in metrics {
         let mut means = [None; 3];
@@ -340,12 +380,39 @@ pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tol: Toleran
             means,
             tolerance,
             flat: false,
+            by_disk: false,
         };
-        row.flat = row.change().is_some_and(|c| c.abs() <= tolerance);
+        let within = |c: Option<f64>| c.is_some_and(|c| c.abs() <= tolerance);
+        row.flat = within(row.change());
+        // The append p99 left the band: excused when the disk's own p99 moved with it.
+        let by_disk = get.is_none()
+            && !row.flat
+            && row.change().is_some()
+            && ratio_to_disk(means, fsync_p99_ms)
+                .is_some_and(|ratio| within(relative_change(ratio[0], ratio[2])));
+        if by_disk {
+            row.flat = true;
+            row.by_disk = true;
+        }
         if !row.flat {
+            let beside_disk = if get.is_none() {
+                ratio_to_disk(means, fsync_p99_ms)
+                    .and_then(|ratio| relative_change(ratio[0], ratio[2]))
+                    .map_or_else(
+                        || " (no disk probe to compare with)".to_owned(),
+                        |c| {
+                            format!(
+                                ", and its ratio to the disk's fsync p99 {:+.1} %",
+                                c * 100.0
+                            )
+                        },
+                    )
+            } else {
+                String::new()
+            };
             problems.push(match row.change() {
                 Some(c) => format!(
-                    "{name}: the last third is {:+.1} % from the first (allowed ±{:.0} %)",
+                    "{name}: the last third is {:+.1} % from the first{beside_disk} (allowed ±{:.0} %)",
                     c * 100.0,
                     tolerance * 100.0
                 ),
@@ -369,14 +436,6 @@ pub fn judge(samples: &[Sample], phases: &[Phase], before: &Sample, tol: Toleran
             "the server ended {} follow calls of connected clients during the measured window",
             ended_after - before.followers_ended
         ));
-    }
-    let mut fsync_p99_ms = [None; 3];
-    for (third, p99) in fsync_p99_ms.iter_mut().enumerate() {
-        let in_third = measured
-            .iter()
-            .filter(|(_, i)| *i == third)
-            .map(|(s, _)| *s);
-        *p99 = merged_p99_ms(in_third, |s| s.fsync_hist.as_ref());
     }
     Verdict {
         rows,
@@ -545,37 +604,127 @@ mod tests {
             .any(|p| p.contains("the last third has no sample")));
     }
 
+    /// `sample` with the disk's fdatasync probe: 100 syncs of `disk_us`.
+    fn with_disk(mut s: Sample, disk_us: u64) -> Sample {
+        let mut probe = histogram();
+        probe.record_n(disk_us, 100).expect("in range");
+        s.fsync_hist = Some(probe);
+        s
+    }
+
     #[test]
-    fn a_p99_that_falls_with_the_disk_still_fails_but_its_ratio_to_the_disk_stays_level() {
+    fn a_p99_that_moves_with_the_disk_is_the_disk_s_and_passes() {
         // The disk's own fdatasync p99 halves over the run and the append p99 with it.
         let samples: Vec<Sample> = (1u32..=8)
             .map(|k| {
                 let disk_us = if k <= 4 { 1000 } else { 500 };
-                let mut s = sample(5.0 * f64::from(k), 100, 600, 4 * disk_us);
-                let mut probe = histogram();
-                probe.record_n(disk_us, 100).expect("in range");
-                s.fsync_hist = Some(probe);
-                s
+                with_disk(sample(5.0 * f64::from(k), 100, 600, 4 * disk_us), disk_us)
             })
             .collect();
         let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
-        assert!(
-            v.problems.iter().any(|p| p.starts_with("append p99")),
-            "the band is two-sided: {:?}",
-            v.problems
-        );
+        assert!(v.passed(), "{:?}", v.problems);
+        let row = v
+            .rows
+            .iter()
+            .find(|r| r.name == "append p99 ms")
+            .expect("p99 row");
+        // The raw change is kept (and printed), outside the band; the ratio excuses it.
+        assert!(row.change().is_some_and(|c| c < -0.4), "{:?}", row.means);
+        assert!(row.flat && row.by_disk);
         let ratio = v.p99_over_disk().expect("a probe ran");
         let (first, last) = (ratio[0].expect("first"), ratio[2].expect("last"));
         assert!(
             (first - 4.0).abs() < 0.1 && (last - 4.0).abs() < 0.1,
             "{ratio:?}"
         );
-        // Without a probe there is no ratio.
+        assert_eq!(v.to_json()["rows"][3]["flat_by_disk"], true);
+        // Without a probe there is no ratio, and nothing excuses a p99 that moved.
         let bare: Vec<Sample> = (1u32..=8)
-            .map(|k| sample(5.0 * f64::from(k), 100, 600, 4000))
+            .map(|k| {
+                let disk_us = if k <= 4 { 1000 } else { 500 };
+                sample(5.0 * f64::from(k), 100, 600, 4 * disk_us)
+            })
             .collect();
         let v = judge(&bare, &phases(&bare), &Sample::default(), TEN);
         assert!(v.p99_over_disk().is_none());
+        assert!(
+            v.problems
+                .iter()
+                .any(|p| p.starts_with("append p99") && p.contains("no disk probe")),
+            "{:?}",
+            v.problems
+        );
+    }
+
+    #[test]
+    fn the_ci_flake_figures_pass_on_their_ratio_to_the_disk() {
+        // A fresh-clone CI on a busy machine: append p99 +206 % from the first third to the
+        // last while the disk's fdatasync p99 went 5.3 -> 14.9 ms (p99/fsync 3.35 -> 3.65).
+        let wide = Tolerance {
+            resources: 0.10,
+            p99: 1.50,
+        };
+        let samples: Vec<Sample> = (1u32..=8)
+            .map(|k| {
+                let (disk_us, p99_us) = if k <= 4 {
+                    (5_300, 17_755)
+                } else {
+                    (14_900, 54_385)
+                };
+                with_disk(sample(5.0 * f64::from(k), 100, 600, p99_us), disk_us)
+            })
+            .collect();
+        let v = judge(&samples, &phases(&samples), &Sample::default(), wide);
+        assert!(v.passed(), "{:?}", v.problems);
+        let row = v
+            .rows
+            .iter()
+            .find(|r| r.name == "append p99 ms")
+            .expect("p99 row");
+        assert!(row.change().is_some_and(|c| c > 1.5), "{:?}", row.means);
+        assert!(row.by_disk);
+    }
+
+    #[test]
+    fn a_p99_that_grows_on_a_level_disk_is_the_server_s_and_fails() {
+        let samples: Vec<Sample> = (1u32..=8)
+            .map(|k| {
+                with_disk(
+                    sample(5.0 * f64::from(k), 100, 600, 1000 * u64::from(k)),
+                    500,
+                )
+            })
+            .collect();
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
+        assert!(
+            v.problems
+                .iter()
+                .any(|p| p.starts_with("append p99") && p.contains("ratio to the disk")),
+            "{:?}",
+            v.problems
+        );
+        let row = v
+            .rows
+            .iter()
+            .find(|r| r.name == "append p99 ms")
+            .expect("p99 row");
+        assert!(!row.flat && !row.by_disk);
+        // A disk that slows down by less than the p99 grew does not excuse it either.
+        let samples: Vec<Sample> = (1u32..=8)
+            .map(|k| {
+                let disk_us = if k <= 4 { 500 } else { 700 };
+                with_disk(
+                    sample(5.0 * f64::from(k), 100, 600, 1000 * u64::from(k)),
+                    disk_us,
+                )
+            })
+            .collect();
+        let v = judge(&samples, &phases(&samples), &Sample::default(), TEN);
+        assert!(
+            v.problems.iter().any(|p| p.starts_with("append p99")),
+            "{:?}",
+            v.problems
+        );
     }
 
     #[test]
@@ -585,6 +734,7 @@ mod tests {
             means: [Some(first), None, Some(last)],
             tolerance: 0.1,
             flat: false,
+            by_disk: false,
         };
         assert_eq!(row(0.0, 0.0).change(), Some(0.0));
         assert_eq!(row(0.0, 1.0).change(), None);
