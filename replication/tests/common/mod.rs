@@ -16,7 +16,7 @@ use std::time::Duration;
 use cursorlog_engine::{Append, Config, Engine, NewEvent, StreamMeta, SyncPolicy};
 use cursorlog_replication::{
     ClientOptions, ClusterTiming, NodeId, NodeOptions, RaftNode, RaftService, ReplicatedNode,
-    SnapshotSpool,
+    SnapshotSpool, StartError,
 };
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -96,17 +96,30 @@ async fn start(
     listener: TcpListener,
     members: &BTreeMap<NodeId, RaftNode>,
 ) -> Running {
-    let node = ReplicatedNode::start(NodeOptions {
-        id,
-        engine: engine_config(dir, segment_bytes, configure),
-        members: members.clone(),
-        timing: timing(),
-        client: ClientOptions::new(),
-        request_timeout: Duration::from_secs(10),
-        snapshots: cursorlog_replication::SnapshotPolicy::default(),
-    })
-    .await
-    .expect("the node starts");
+    // A member restarted in the same process may find its directory still locked for a
+    // moment: the stopped server's connection tasks drop their handles to the old node (and
+    // so its log) only as they wind down. The lock's release is the event waited for.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let node = loop {
+        let started = ReplicatedNode::start(NodeOptions {
+            id,
+            engine: engine_config(dir, segment_bytes, configure),
+            members: members.clone(),
+            timing: timing(),
+            client: ClientOptions::new(),
+            request_timeout: Duration::from_secs(10),
+            snapshots: cursorlog_replication::SnapshotPolicy::default(),
+        })
+        .await;
+        match started {
+            Err(StartError::Engine(cursorlog_engine::Error::Locked { .. }))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other.expect("the node starts"),
+        }
+    };
     let service = RaftService::new(node.raft().clone(), SnapshotSpool::default()).into_server();
     // The admin service too: a member with an empty log asks its peers' status before it
     // forms the cluster (`formation.rs`).
