@@ -2,6 +2,7 @@
 //! is unknown) pass, and each lie of issue 30 item 1 is rejected.
 
 use super::*;
+use tonic::{Code, Status};
 
 const BUDGET: usize = 200_000;
 

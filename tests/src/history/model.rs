@@ -1,0 +1,222 @@
+//! The sequential model of one session and its streams: the state every answer is checked
+//! against.
+
+use super::*;
+
+/// One stream in the model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct StreamModel {
+    id: u64,
+    epoch: u64,
+    head: u64,
+    phase: Phase,
+}
+
+/// The sequential model of one session and its streams.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Model {
+    /// The current epoch; 0 while the session does not exist.
+    epoch: u64,
+    /// Its streams, by id.
+    streams: Vec<StreamModel>,
+}
+
+impl Model {
+    pub(super) fn stream(&self, id: u64) -> Option<&StreamModel> {
+        self.streams.iter().find(|s| s.id == id)
+    }
+
+    fn stream_mut(&mut self, id: u64) -> Option<&mut StreamModel> {
+        self.streams.iter_mut().find(|s| s.id == id)
+    }
+
+    fn advance(&mut self) {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        for s in &mut self.streams {
+            if s.phase == Phase::Open && s.epoch < epoch {
+                s.phase = Phase::Superseded;
+            }
+        }
+    }
+
+    /// The state after `call` took effect as a success whose answer is unknown; `None` when
+    /// it cannot succeed here or changes nothing (an unknown call that changes nothing need
+    /// never be placed).
+    pub(super) fn effect(&self, call: &Call) -> Option<Self> {
+        let mut next = self.clone();
+        match call {
+            Call::OpenSession if self.epoch == 0 => next.epoch = 1,
+            Call::AdvanceEpoch if self.epoch > 0 => next.advance(),
+            Call::Append {
+                stream,
+                expected,
+                events,
+            } => {
+                let s = next.stream_mut(*stream)?;
+                if s.phase != Phase::Open || s.head + 1 != *expected {
+                    return None;
+                }
+                s.head += events;
+            }
+            Call::Complete { stream, expected } => {
+                let s = next.stream_mut(*stream)?;
+                if s.phase != Phase::Open || s.head + 1 != *expected {
+                    return None;
+                }
+                s.head = *expected;
+                s.phase = Phase::Completed;
+            }
+            _ => return None,
+        }
+        Some(next)
+    }
+
+    /// The state after `call` answered `answer`; `None` when the model cannot give that
+    /// answer in this state.
+    pub(super) fn apply(&self, call: &Call, answer: &Answer) -> Option<Self> {
+        let mut next = self.clone();
+        let ok = match (call, answer) {
+            (Call::OpenSession, Answer::Session { epoch, created }) => {
+                if self.epoch == 0 {
+                    next.epoch = 1;
+                    *created == Some(true) && *epoch == 1
+                } else {
+                    *created != Some(true) && *epoch == self.epoch
+                }
+            }
+            (Call::GetSession, Answer::Session { epoch, .. }) => {
+                self.epoch > 0 && *epoch == self.epoch
+            }
+            (Call::AdvanceEpoch, Answer::Advanced { epoch, superseded }) => {
+                let due: Vec<u64> = self
+                    .streams
+                    .iter()
+                    .filter(|s| s.phase == Phase::Open)
+                    .map(|s| s.id)
+                    .collect();
+                next.advance();
+                self.epoch > 0
+                    && *epoch == self.epoch + 1
+                    && due.iter().all(|d| superseded.contains(d))
+                    && superseded
+                        .iter()
+                        .all(|s| self.stream(*s).is_none() || due.contains(s))
+            }
+            (Call::OpenStream { epoch }, Answer::Opened { stream, epoch: e }) => {
+                next.streams.push(StreamModel {
+                    id: *stream,
+                    epoch: *e,
+                    head: 0,
+                    phase: Phase::Open,
+                });
+                self.epoch > 0
+                    && self.epoch == *epoch
+                    && e == epoch
+                    && self.stream(*stream).is_none()
+            }
+            (
+                Call::Append {
+                    stream,
+                    expected,
+                    events,
+                },
+                Answer::Appended {
+                    first,
+                    last,
+                    duplicate,
+                },
+            ) => {
+                let last_due = expected + events - 1;
+                let s = next.stream_mut(*stream)?;
+                let fits = first == expected && *last == last_due;
+                if *duplicate {
+                    fits && s.head >= last_due
+                } else {
+                    let was = s.head;
+                    s.head = last_due;
+                    fits && s.phase == Phase::Open && was + 1 == *expected
+                }
+            }
+            (
+                Call::Complete { stream, expected },
+                Answer::Completed {
+                    terminal_seq,
+                    duplicate,
+                },
+            ) => {
+                let s = next.stream_mut(*stream)?;
+                if *duplicate {
+                    s.phase == Phase::Completed && s.head == *expected && terminal_seq == expected
+                } else {
+                    let ok = s.phase == Phase::Open && s.head + 1 == *expected;
+                    s.head = *expected;
+                    s.phase = Phase::Completed;
+                    ok && terminal_seq == expected
+                }
+            }
+            (Call::KeepAlive { stream }, Answer::Alive) => {
+                self.epoch > 0 && self.stream(*stream).is_some_and(|s| s.phase == Phase::Open)
+            }
+            (
+                Call::Resolve { stream, .. },
+                Answer::Resolved {
+                    verdict,
+                    current_epoch,
+                    phase,
+                    head,
+                },
+            ) => self.resolved(*stream, *verdict, *current_epoch, *phase, *head),
+            (_, Answer::Refused { claim, .. }) => self.claims(call, claim),
+            _ => false,
+        };
+        ok.then_some(next)
+    }
+
+    /// Whether a `Resolve` of the stream's start cursor may answer this.
+    fn resolved(
+        &self,
+        stream: u64,
+        verdict: i32,
+        current_epoch: Option<u64>,
+        phase: Option<Phase>,
+        head: Option<u64>,
+    ) -> bool {
+        const UNKNOWN_SESSION: i32 = 3;
+        const UNKNOWN_CURSOR: i32 = 5;
+        let s = self.stream(stream);
+        if verdict == UNKNOWN_SESSION {
+            return self.epoch == 0;
+        }
+        if verdict == UNKNOWN_CURSOR {
+            return s.is_none();
+        }
+        self.epoch > 0
+            && current_epoch.is_none_or(|c| c == self.epoch)
+            && phase.is_none_or(|p| s.is_some_and(|s| s.phase == p))
+            && head.is_none_or(|h| s.is_some_and(|s| s.head == h))
+    }
+
+    /// Whether a refusal of `call` claiming `claim` is true in this state.
+    fn claims(&self, call: &Call, claim: &Claim) -> bool {
+        let s = call.stream().and_then(|id| self.stream(id));
+        match claim {
+            Claim::StaleEpoch { current } => {
+                self.epoch > 0
+                    && *current == self.epoch
+                    && !matches!(call, Call::OpenStream { epoch } if epoch == current)
+            }
+            Claim::Head(h) => s.is_some_and(|s| {
+                s.head == *h
+                    && !matches!(call, Call::Append { expected, .. } | Call::Complete { expected, .. }
+                        if *expected == h + 1 && s.phase == Phase::Open)
+            }),
+            Claim::Terminated { phase } => s.is_some_and(|s| {
+                s.phase != Phase::Open && phase.is_none_or(|p| p == s.phase)
+            }),
+            Claim::NoStream => self.epoch > 0 && s.is_none(),
+            Claim::NoSession => self.epoch == 0,
+            Claim::Other => false,
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! What a history is made of: calls, their answers (and the claim each answer makes about
+//! the state), and the recorder the clients write them into.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tonic::{Code, Status};
+
+/// A stream's phase in the model (`OPEN` or one of the terminal states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Accepting events.
+    Open,
+    /// `Complete` wrote its terminal frame.
+    Completed,
+    /// `Abort` (or a lease) ended it.
+    Aborted,
+    /// The session's epoch moved past it.
+    Superseded,
+}
+
+impl Phase {
+    /// The phase of a `StreamState` number (`None` for UNSPECIFIED or unknown).
+    pub fn from_proto(state: i32) -> Option<Self> {
+        match state {
+            1 => Some(Self::Open),
+            2 => Some(Self::Completed),
+            3 => Some(Self::Aborted),
+            4 => Some(Self::Superseded),
+            _ => None,
+        }
+    }
+
+    /// The phase named in a "terminated (...)" message, as the engine prints it.
+    fn from_text(text: &str) -> Option<Self> {
+        let t = text.to_ascii_lowercase();
+        if t.contains("complete") {
+            Some(Self::Completed)
+        } else if t.contains("abort") {
+            Some(Self::Aborted)
+        } else if t.contains("supersede") {
+            Some(Self::Superseded)
+        } else {
+            None
+        }
+    }
+}
+
+/// A call a client made (the session is the key, on [`Op`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// `OpenSession`.
+    OpenSession,
+    /// `GetSession` (a read of the epoch).
+    GetSession,
+    /// `AdvanceEpoch` (the fencing write).
+    AdvanceEpoch,
+    /// `OpenStream` at `epoch`.
+    OpenStream {
+        /// The epoch the client believes is current.
+        epoch: u64,
+    },
+    /// `Append` of `events` events with `expected_next_seq`.
+    Append {
+        /// The stream.
+        stream: u64,
+        /// `expected_next_seq`.
+        expected: u64,
+        /// How many events.
+        events: u64,
+    },
+    /// `Complete` with `expected_next_seq`.
+    Complete {
+        /// The stream.
+        stream: u64,
+        /// `expected_next_seq` (the terminal frame's seq).
+        expected: u64,
+    },
+    /// `KeepAlive` of a stream (a read of its phase).
+    KeepAlive {
+        /// The stream.
+        stream: u64,
+    },
+    /// `Resolve` of the stream's start cursor (a read of epoch, phase and head).
+    Resolve {
+        /// The stream.
+        stream: u64,
+        /// The cursor's epoch.
+        epoch: u64,
+    },
+}
+
+impl Call {
+    /// True for the calls that can change the model (when they succeed).
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Self::OpenSession
+                | Self::AdvanceEpoch
+                | Self::OpenStream { .. }
+                | Self::Append { .. }
+                | Self::Complete { .. }
+        )
+    }
+
+    /// The RPC's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::OpenSession => "OpenSession",
+            Self::GetSession => "GetSession",
+            Self::AdvanceEpoch => "AdvanceEpoch",
+            Self::OpenStream { .. } => "OpenStream",
+            Self::Append { .. } => "Append",
+            Self::Complete { .. } => "Complete",
+            Self::KeepAlive { .. } => "KeepAlive",
+            Self::Resolve { .. } => "Resolve",
+        }
+    }
+
+    pub(super) fn stream(&self) -> Option<u64> {
+        match self {
+            Self::Append { stream, .. }
+            | Self::Complete { stream, .. }
+            | Self::KeepAlive { stream }
+            | Self::Resolve { stream, .. } => Some(*stream),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OpenSession => write!(f, "OpenSession"),
+            Self::GetSession => write!(f, "GetSession"),
+            Self::AdvanceEpoch => write!(f, "AdvanceEpoch"),
+            Self::OpenStream { epoch } => write!(f, "OpenStream(epoch {epoch})"),
+            Self::Append {
+                stream,
+                expected,
+                events,
+            } => write!(
+                f,
+                "Append(stream {stream}, expected_next_seq {expected}, {events} events)"
+            ),
+            Self::Complete { stream, expected } => {
+                write!(f, "Complete(stream {stream}, expected_next_seq {expected})")
+            }
+            Self::KeepAlive { stream } => write!(f, "KeepAlive(stream {stream})"),
+            Self::Resolve { stream, epoch } => write!(f, "Resolve({epoch}-{stream}-0)"),
+        }
+    }
+}
+
+/// What a definite refusal claims about the state at some instant of its call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// "stale epoch E: the session's current epoch is C".
+    StaleEpoch {
+        /// C.
+        current: u64,
+    },
+    /// "... stream head is H ..." (ABORTED).
+    Head(u64),
+    /// "stream S is terminated (state) at seq T".
+    Terminated {
+        /// The state named, when it parses.
+        phase: Option<Phase>,
+    },
+    /// "stream S not found": the stream did not exist.
+    NoStream,
+    /// "session not found": the session did not exist.
+    NoSession,
+    /// Any other definite refusal (the model has no state that explains it: expiry,
+    /// INVALID_ARGUMENT, ...).
+    Other,
+}
+
+/// The answer a call got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// `OpenSession` (created set) or `GetSession` (created `None`).
+    Session {
+        /// The epoch answered.
+        epoch: u64,
+        /// `OpenSession`'s `created`.
+        created: Option<bool>,
+    },
+    /// `AdvanceEpoch`.
+    Advanced {
+        /// The new epoch.
+        epoch: u64,
+        /// The streams it reported superseded.
+        superseded: Vec<u64>,
+    },
+    /// `OpenStream`.
+    Opened {
+        /// The new stream.
+        stream: u64,
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// `Append`.
+    Appended {
+        /// First seq.
+        first: u64,
+        /// Last seq.
+        last: u64,
+        /// A retry recognised.
+        duplicate: bool,
+    },
+    /// `Complete`.
+    Completed {
+        /// The terminal seq.
+        terminal_seq: u64,
+        /// A retry recognised.
+        duplicate: bool,
+    },
+    /// `KeepAlive` OK.
+    Alive,
+    /// `Resolve`'s verdict and facts.
+    Resolved {
+        /// The verdict number.
+        verdict: i32,
+        /// `current_epoch`.
+        current_epoch: Option<u64>,
+        /// `stream_state`.
+        phase: Option<Phase>,
+        /// `head`.
+        head: Option<u64>,
+    },
+    /// A definite refusal.
+    Refused {
+        /// The status code.
+        code: Code,
+        /// Its message.
+        message: String,
+        /// What it claims.
+        claim: Claim,
+    },
+    /// No claim: the call may or may not have taken effect.
+    Unknown {
+        /// What happened (code and message, or the timeout).
+        what: String,
+    },
+    /// `UNAVAILABLE` with `cursorlog-retry: safe`: the call was not proposed.
+    NotDone {
+        /// The message.
+        what: String,
+    },
+}
+
+impl Answer {
+    /// The answer a failed call's status makes (see the module doc for what claims what).
+    pub fn from_status(status: &Status) -> Self {
+        let message = status.message().to_owned();
+        let code = status.code();
+        let safe = status
+            .metadata()
+            .get("cursorlog-retry")
+            .and_then(|v| v.to_str().ok())
+            == Some("safe");
+        let what = format!("{code:?}: {message}");
+        match code {
+            Code::Unavailable if safe => return Self::NotDone { what },
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::Internal
+            | Code::ResourceExhausted => return Self::Unknown { what },
+            _ => {}
+        }
+        if message.starts_with("h2 protocol error") || message.contains("transport error") {
+            return Self::Unknown { what };
+        }
+        let claim = parse_claim(code, &message);
+        Self::Refused {
+            code,
+            message,
+            claim,
+        }
+    }
+
+    /// The answer of a call the client gave up on after `after`.
+    pub fn timed_out(after: Duration) -> Self {
+        Self::Unknown {
+            what: format!("no answer within {after:?}"),
+        }
+    }
+
+    /// A short name of the answer's kind, for counts.
+    pub fn kind(&self) -> String {
+        match self {
+            Self::Refused { code, claim, .. } => format!("{code:?} {claim:?}"),
+            Self::Unknown { what } => {
+                format!("unknown ({})", what.split(':').next().unwrap_or(what))
+            }
+            Self::NotDone { .. } => "not done (retry safe)".into(),
+            _ => "ok".into(),
+        }
+    }
+}
+
+/// The number after `marker` in `text`.
+fn number_after(text: &str, marker: &str) -> Option<u64> {
+    let rest = &text[text.find(marker)? + marker.len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+fn parse_claim(code: Code, message: &str) -> Claim {
+    match code {
+        Code::FailedPrecondition => {
+            if let Some(current) = number_after(message, "current epoch is ") {
+                Claim::StaleEpoch { current }
+            } else if let Some(at) = message.find("is terminated") {
+                Claim::Terminated {
+                    phase: Phase::from_text(&message[at..]),
+                }
+            } else {
+                Claim::Other
+            }
+        }
+        Code::Aborted => number_after(message, "stream head is ").map_or(Claim::Other, Claim::Head),
+        Code::NotFound if message.starts_with("session not found") => Claim::NoSession,
+        Code::NotFound if message.starts_with("stream ") => Claim::NoStream,
+        _ => Claim::Other,
+    }
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Session { epoch, created } => match created {
+                Some(c) => write!(f, "OK epoch {epoch} created {c}"),
+                None => write!(f, "OK epoch {epoch}"),
+            },
+            Self::Advanced { epoch, superseded } => {
+                write!(f, "OK epoch {epoch} superseded {superseded:?}")
+            }
+            Self::Opened { stream, epoch } => write!(f, "OK stream {stream} epoch {epoch}"),
+            Self::Appended {
+                first,
+                last,
+                duplicate,
+            } => write!(f, "OK seqs {first}..={last} duplicate {duplicate}"),
+            Self::Completed {
+                terminal_seq,
+                duplicate,
+            } => write!(f, "OK terminal seq {terminal_seq} duplicate {duplicate}"),
+            Self::Alive => write!(f, "OK"),
+            Self::Resolved {
+                verdict,
+                current_epoch,
+                phase,
+                head,
+            } => write!(
+                f,
+                "OK verdict {verdict} current_epoch {current_epoch:?} state {phase:?} head {head:?}"
+            ),
+            Self::Refused { code, message, .. } => write!(f, "{code:?} \"{message}\""),
+            Self::Unknown { what } => write!(f, "(no claim) {what}"),
+            Self::NotDone { what } => write!(f, "(not done: retry safe) {what}"),
+        }
+    }
+}
+
+/// One recorded call.
+#[derive(Debug, Clone)]
+pub struct Op {
+    /// The client that made it.
+    pub client: usize,
+    /// The member it was sent to (0-based).
+    pub member: usize,
+    /// The session (the key).
+    pub session: String,
+    /// The call.
+    pub call: Call,
+    /// When it was sent, ns since the recorder started.
+    pub start: u64,
+    /// When its answer came back (or the client gave up), ns since the recorder started.
+    pub end: u64,
+    /// The answer.
+    pub answer: Answer,
+    /// What the nemesis was doing when it started (for the counts per fault kind).
+    pub phase: String,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        write!(
+            f,
+            "[{:>10.1} .. {:>10.1} ms] client {} → member {} ({}): {} → {}",
+            ms(self.start),
+            ms(self.end),
+            self.client,
+            self.member + 1,
+            self.phase,
+            self.call,
+            self.answer
+        )
+    }
+}
+
+/// Records the calls of a run (shared by every client).
+#[derive(Debug)]
+pub struct Recorder {
+    t0: Instant,
+    ops: Mutex<Vec<Op>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self {
+            t0: Instant::now(),
+            ops: Mutex::default(),
+        }
+    }
+}
+
+impl Recorder {
+    /// Now, in ns since the recorder started (a call's start or end).
+    pub fn now(&self) -> u64 {
+        u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Records a call that ended now.
+    pub fn record(&self, mut op: Op) {
+        op.end = self.now().max(op.start + 1);
+        self.ops.lock().expect("recorder lock").push(op);
+    }
+
+    /// Every call recorded so far.
+    pub fn ops(&self) -> Vec<Op> {
+        self.ops.lock().expect("recorder lock").clone()
+    }
+}
