@@ -545,3 +545,67 @@ fn an_answer_with_no_entry_is_released_only_after_a_leadership_confirmation() {
     ));
     close(leader, &cluster);
 }
+
+/// Review R6 (issue 30 item 3): a new leader's index may lack the previous term's tail (it
+/// commits with the new term's first entry, after the node became leader). Leases are armed
+/// only once a ReadIndex round of the term applied it, so a leased stream opened in that
+/// tail, whose producer died with the old leader, is still aborted when its lease lapses.
+#[test]
+fn a_lease_opened_in_the_previous_terms_tail_is_armed_by_the_new_leader() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    // The old leader opens a leased stream; its entries are the tail the new one inherits.
+    let old_dir = tempfile::tempdir().unwrap();
+    let (old, old_cluster) = open_leader(old_dir.path(), &clock);
+    old.open_session("s").unwrap();
+    let opened = old
+        .open_stream(OpenStream {
+            lease_ms: Some(1_000),
+            ..stream_in("s")
+        })
+        .unwrap();
+    let tail = old_cluster.log.read(0, u64::MAX).unwrap();
+    close(old, &old_cluster);
+
+    // The new leader holds the tail, committed but not applied yet, when it starts leading.
+    let dir = tempfile::tempdir().unwrap();
+    let log = EntryLog::open(EntryLogConfig::new(dir.path())).unwrap();
+    let cluster = LocalCluster::new(log.clone());
+    *cluster.follower_of.lock().unwrap() = Some("10.0.0.1:7000".into());
+    let leader = Engine::open_replicated(
+        config_at(dir.path(), &clock),
+        &log,
+        Arc::clone(&cluster) as Arc<dyn cursorlog_engine::Proposer>,
+    )
+    .unwrap();
+    *cluster.engine.lock().unwrap() = Some(leader.clone());
+    log.append(&tail).unwrap();
+    log.save_committed(tail.last().unwrap().id).unwrap();
+    cluster.apply_in_prepare.store(true, Ordering::Release);
+    *cluster.follower_of.lock().unwrap() = None;
+
+    // The lease lapses on the new leader's clock: the stream is aborted through a proposal.
+    // (The clock moves on until it is: arming may come after a move.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let aborted = loop {
+        let state = leader
+            .streams()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.id == opened.stream)
+            .map(|s| s.state);
+        if state == Some(cursorlog_engine::StreamState::Aborted) {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        clock.advance(Duration::from_secs(2));
+        let _ = leader.run_maintenance();
+        std::thread::yield_now();
+    };
+    assert!(
+        aborted,
+        "the stream opened in the previous term's tail was never aborted: its lease was not armed"
+    );
+    close(leader, &cluster);
+}

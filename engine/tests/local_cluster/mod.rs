@@ -45,6 +45,9 @@ pub struct LocalCluster {
     /// How a batch with no entry settles: its leadership confirmation (a ReadIndex round on
     /// a real cluster) fails this way; `None`, it holds.
     pub confirmation_fails: Mutex<Option<Proposed>>,
+    /// `prepare` applies every committed entry first, as a ReadIndex round makes a new leader
+    /// apply the previous term's tail (off: entries are applied when this cluster settles).
+    pub apply_in_prepare: AtomicBool,
 }
 
 impl LocalCluster {
@@ -61,6 +64,7 @@ impl LocalCluster {
             prepare_hold: Mutex::new(None),
             entry_bytes_max: AtomicUsize::new(0),
             confirmation_fails: Mutex::new(None),
+            apply_in_prepare: AtomicBool::new(false),
         })
     }
 
@@ -90,12 +94,19 @@ impl Proposer for LocalCluster {
             entered.send(()).unwrap();
             release.recv().unwrap();
         }
-        match self.follower_of.lock().unwrap().clone() {
-            Some(leader) => Err(Proposed::NotLeader {
+        if let Some(leader) = self.follower_of.lock().unwrap().clone() {
+            return Err(Proposed::NotLeader {
                 leader: Some(leader),
-            }),
-            None => Ok(1),
+            });
         }
+        if self.apply_in_prepare.load(Ordering::Acquire) {
+            let committed = self.log.committed().map_or(0, |c| c.index);
+            let engine = self.engine.lock().unwrap().clone();
+            if let Some(engine) = engine {
+                engine.apply_committed(committed).unwrap();
+            }
+        }
+        Ok(1)
     }
 
     fn leads(&self) -> bool {
