@@ -331,11 +331,18 @@ impl TaskModel {
                     .map(|w| w.task.version)
                     .map_err(terr);
                 let want = self.running(&at, expected).map(|t| {
-                    t.status = status;
-                    if message.is_some() {
-                        t.message = message;
+                    // Restating the status and message writes nothing (issue 30 item 7).
+                    let restates = t.status == status
+                        && message
+                            .as_ref()
+                            .is_none_or(|m| t.message.as_ref() == Some(m));
+                    if !restates {
+                        t.status = status;
+                        if message.is_some() {
+                            t.message = message;
+                        }
+                        t.version += 1;
                     }
-                    t.version += 1;
                     t.version
                 });
                 assert_eq!(got, want, "{ctx}");
