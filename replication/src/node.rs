@@ -76,6 +76,11 @@ pub struct ReplicatedNode {
     /// The disk-pressure watcher (`space.rs`), stopped before the Raft core at shutdown so
     /// it holds nothing of the node once [`ReplicatedNode::shutdown`] returns.
     space_watch: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// Whether this member leads with a quorum's recent acknowledgement, kept by one task
+    /// per member (`watch_leading`) for every follow and task watch to wait on.
+    leading: tokio::sync::watch::Receiver<bool>,
+    /// That task, stopped at shutdown.
+    leading_watch: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
     /// The log store openraft writes through, kept to wait out its last sync at shutdown.
     store: SegmentLogStore,
     /// The cluster this member belongs to (`crate::identity`).
@@ -192,6 +197,7 @@ impl ReplicatedNode {
             raft.clone(),
             &engine,
         ))));
+        let (leading, leading_watch) = watch_leading(raft.clone(), Arc::clone(&proposer));
         if fresh {
             tracing::info!(
                 "this member has no saved vote: it votes in an election of a running cluster \
@@ -205,6 +211,8 @@ impl ReplicatedNode {
             proposer,
             vote_guard,
             space_watch,
+            leading,
+            leading_watch: Arc::new(Mutex::new(Some(leading_watch))),
             store,
             identity,
             client: options.client,
@@ -259,15 +267,18 @@ impl ReplicatedNode {
     /// already): a live `Read` follower or task watch on it must then move to the new
     /// leader, or it would wait for events this node will not apply in time, or ever.
     pub async fn stopped_leading(&self) {
-        let mut metrics = self.raft.metrics();
-        // openraft 0.10 has no check-quorum: a leader cut off stays `Leader`, and its metrics
-        // do not change while nothing answers it, so the quorum's age is looked at on a tick.
-        let tick = (self.proposer.quorum_timeout / 4).max(Duration::from_millis(10));
+        let mut leading = self.leading.clone();
         loop {
-            if !self.proposer.leads_with_quorum(&metrics.borrow_watched()) {
+            leading.borrow_and_update();
+            // The metrics decide (the watch may not have seen a change yet); the watch only
+            // says when to look again.
+            if !self
+                .proposer
+                .leads_with_quorum(&self.raft.metrics().borrow_watched())
+            {
                 return;
             }
-            if let Ok(Err(_)) = tokio::time::timeout(tick, metrics.changed()).await {
+            if leading.changed().await.is_err() {
                 return;
             }
         }
@@ -346,14 +357,12 @@ impl ReplicatedNode {
     /// # Errors
     /// The engine's close failed (its index could not be flushed).
     pub async fn shutdown(self) -> Result<(), cursorlog_engine::Error> {
-        let watch = self
-            .space_watch
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(watch) = watch {
-            watch.abort();
-            let _ = watch.await;
+        for task in [&self.space_watch, &self.leading_watch] {
+            let watch = task.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some(watch) = watch {
+                watch.abort();
+                let _ = watch.await;
+            }
         }
         let formation = self
             .formation
@@ -376,6 +385,34 @@ impl ReplicatedNode {
             .await
             .map_err(|e| cursorlog_engine::Error::Internal(e.to_string()))?
     }
+}
+
+/// Starts the one task per member that keeps "leads with a quorum" current: on every metrics
+/// change and on a tick, since openraft 0.10 has no check-quorum (a leader cut off stays
+/// `Leader`, and its metrics do not change while nothing answers it). One ticker for the
+/// member, not one per follow: 10,000 idle follows wait on the watch, not on 10,000 timers.
+fn watch_leading(
+    raft: Raft<EngineStateMachine>,
+    proposer: Arc<RaftProposer>,
+) -> (
+    tokio::sync::watch::Receiver<bool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let tick = (proposer.quorum_timeout / 4).max(Duration::from_millis(10));
+    let task = tokio::spawn(async move {
+        let mut metrics = raft.metrics();
+        loop {
+            let now = proposer.leads_with_quorum(&metrics.borrow_watched());
+            tx.send_if_modified(|was| std::mem::replace(was, now) != now);
+            if let Ok(Err(_)) = tokio::time::timeout(tick, metrics.changed()).await {
+                // The Raft core ended: nothing leads here any more.
+                tx.send_replace(false);
+                return;
+            }
+        }
+    });
+    (rx, task)
 }
 
 /// Whether the metrics say node `id` leads: in the leader state and naming itself (a leader
