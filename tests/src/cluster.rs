@@ -22,7 +22,7 @@ use tonic::{Code, Response, Status};
 
 use crate::free_addr;
 use crate::proxy::{Mode, Proxy};
-use crate::{fault, pb, Server, Start};
+use crate::{fault, pb, run_tool, Server, Start};
 
 /// Members in the cluster.
 pub const MEMBERS: usize = 3;
@@ -515,6 +515,65 @@ impl Cluster {
             self.wait_caught_up(leader).await;
         }
         self.fail(&format!("member {} did not lead after five tries", t + 1));
+    }
+
+    /// Waits until member `i`'s log holds `needle`.
+    ///
+    /// # Panics
+    /// When it does not within [`WAIT`].
+    pub async fn wait_for_log(&self, i: usize, needle: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.logs(i).contains(needle) {
+            if Instant::now() >= deadline {
+                self.fail(&format!("member {} never logged {needle:?}", i + 1));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `cursorlog cluster force-new` on stopped member `i` (a lost quorum's survivor becomes
+    /// a one-member cluster, README "Formation and recovery"); its report.
+    ///
+    /// # Panics
+    /// When the command fails.
+    pub fn force_new(&self, i: usize) -> String {
+        let dir = self.dir(i).to_str().expect("utf-8 data dir").to_owned();
+        let id = (i + 1).to_string();
+        let (status, out, err) = tokio::task::block_in_place(|| {
+            run_tool(&["cluster", "force-new", "--data-dir", &dir, "--node-id", &id])
+        });
+        if !status.success() {
+            self.fail(&format!(
+                "force-new on member {} failed: {out}\n{err}",
+                i + 1
+            ));
+        }
+        out
+    }
+
+    /// A `cursorlog cluster` command (`add-learner`, `promote`, …) against member `at`.
+    ///
+    /// # Panics
+    /// When the command fails.
+    pub fn admin(&self, at: usize, args: &[&str]) {
+        let mut argv = vec!["cluster"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--members", &self.addrs[at]]);
+        let (status, out, err) = tokio::task::block_in_place(|| run_tool(&argv));
+        if !status.success() {
+            self.fail(&format!("cluster {args:?}: {out}\n{err}"));
+        }
+    }
+
+    /// Adds member `i` (running on an empty directory) back through the leader `at`:
+    /// `cluster add-learner`, then `cluster promote`.
+    ///
+    /// # Panics
+    /// When either command fails.
+    pub fn add_back(&self, at: usize, i: usize) {
+        let id = (i + 1).to_string();
+        self.admin(at, &["add-learner", "--id", &id, "--addr", &self.addrs[i]]);
+        self.admin(at, &["promote", "--id", &id]);
     }
 }
 
