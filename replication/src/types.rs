@@ -138,6 +138,13 @@ impl ClusterTiming {
     ///   holding the first ones would diverge (the cluster simulation found it: two members
     ///   held different events at the same log id). In a new term the lost suffix is an
     ///   ordinary uncommitted one, kept or cut by Raft.
+    /// - `quorum_loss_probe_interval`: a leader that has heard from no quorum for its lease
+    ///   (`election_max`) stops its heartbeats for `2 × election_max`, then probes as long
+    ///   again, and so on. A leader whose inbound links are cut still reaches its followers:
+    ///   without the pause its heartbeats keep them from ever electing another, while it can
+    ///   commit nothing and answers nothing (its check-quorum, `node.rs`), so the cluster
+    ///   stayed unavailable until the cut healed (issue 30, the `isolate-in` nemesis). The
+    ///   interval is openraft's minimum, its lease plus one longest election timeout.
     /// - `SnapshotPolicy::Never`: openraft never builds a snapshot on its own. In cursorlog a
     ///   snapshot is the retained sealed segments, and the log is purged only by retention,
     ///   which builds the snapshot that covers what it deletes; an automatic snapshot every
@@ -157,6 +164,7 @@ impl ClusterTiming {
             allow_log_reversion: Some(true),
             enable_leader_restore: Some(false),
             snapshot_policy: openraft::SnapshotPolicy::Never,
+            quorum_loss_probe_interval: Some(millis(self.election_max).saturating_mul(2)),
             ..Default::default()
         }
         .validate()
@@ -181,6 +189,8 @@ mod tests {
             (1000, 2000)
         );
         assert_eq!(config.enable_pre_vote, Some(true));
+        // A leader cut off inbound goes quiet, so its followers can elect another.
+        assert_eq!(config.quorum_loss_probe_interval, Some(4000));
         // A restarted leader must not resume its term: its appends reach followers before
         // its own disk (cluster_sim seeds 2 and 5 at 30 rounds diverge with it on).
         assert_eq!(config.enable_leader_restore, Some(false));
