@@ -23,8 +23,8 @@ mod oracle;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT, WAIT};
-use cursorlog_tests::{pb, run_tool};
+use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT};
+use cursorlog_tests::pb;
 use oracle::Oracle;
 use tokio::time::Instant;
 
@@ -34,19 +34,6 @@ const TIMING: [&str; 4] = ["--election-timeout-ms", "600", "--heartbeat-ms", "10
 
 /// Three longest election timeouts (the longest is twice `--election-timeout-ms`).
 const THREE_ELECTIONS: Duration = Duration::from_millis(3 * 2 * 600);
-
-/// Waits until member `i`'s log holds `needle`.
-async fn wait_for_log(cluster: &Cluster, i: usize, needle: &str) {
-    let deadline = Instant::now() + WAIT;
-    while !cluster.logs(i).contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "member {} never logged {needle:?}",
-            i + 1
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// For `window`: no member of `members` acknowledges a write (opening a new session).
 async fn no_write_acknowledged(cluster: &Cluster, members: &[usize], window: Duration) {
@@ -73,32 +60,12 @@ async fn no_write_acknowledged(cluster: &Cluster, members: &[usize], window: Dur
     }
 }
 
-/// `cursorlog cluster force-new` on stopped member `i`; its report.
-fn force_new(cluster: &Cluster, i: usize) -> String {
-    let dir = cluster.dir(i).to_str().unwrap().to_owned();
-    let id = (i + 1).to_string();
-    let (status, out, err) = tokio::task::block_in_place(|| {
-        run_tool(&["cluster", "force-new", "--data-dir", &dir, "--node-id", &id])
-    });
-    assert!(status.success(), "force-new failed: {out}\n{err}");
-    out
-}
-
-/// A `cursorlog cluster` command against member `at`.
-fn admin(cluster: &Cluster, at: usize, args: &[&str]) {
-    let mut argv = vec!["cluster"];
-    argv.extend_from_slice(args);
-    argv.extend_from_slice(&["--members", &cluster.addrs[at]]);
-    let (status, out, err) = tokio::task::block_in_place(|| run_tool(&argv));
-    assert!(status.success(), "cluster {args:?}: {out}\n{err}");
-}
-
 /// Member `survivor` holds every acknowledged event and the others were wiped: force-new on
 /// it, start it, add the others back as learners and promote them; then every acknowledged
 /// event is served and the three-member cluster takes writes.
 async fn recover_on(cluster: &Cluster, oracle: &Oracle, survivor: usize, stream: u64) {
     cluster.stop(survivor);
-    let report = force_new(cluster, survivor);
+    let report = cluster.force_new(survivor);
     eprintln!("force-new report:\n{report}");
     assert!(
         report.contains(&format!("member {} (", survivor + 1))
@@ -114,13 +81,7 @@ async fn recover_on(cluster: &Cluster, oracle: &Oracle, survivor: usize, stream:
     let leader = cluster.leader(None).await;
     assert_eq!(leader, survivor, "the one voter leads");
     for i in (0..MEMBERS).filter(|i| *i != survivor) {
-        let id = (i + 1).to_string();
-        admin(
-            cluster,
-            survivor,
-            &["add-learner", "--id", &id, "--addr", &cluster.addrs[i]],
-        );
-        admin(cluster, survivor, &["promote", "--id", &id]);
+        cluster.add_back(survivor, i);
     }
     oracle
         .probe_append(cluster, "formation", stream, 21, b"after recovery")
@@ -156,12 +117,14 @@ async fn two_wiped_members_with_the_founder_never_form_a_second_cluster() {
     cluster.restart(0);
     cluster.restart(1);
     no_write_acknowledged(&cluster, &[0, 1], THREE_ELECTIONS).await;
-    wait_for_log(&cluster, 0, "waiting for member(s) 3").await;
+    cluster.wait_for_log(0, "waiting for member(s) 3").await;
 
     // Member 3 comes back with every acknowledged event: the wiped founder sees its log and
     // forms nothing; with two disks lost nothing is elected without the operator.
     cluster.restart(2);
-    wait_for_log(&cluster, 0, "this member forms no cluster").await;
+    cluster
+        .wait_for_log(0, "this member forms no cluster")
+        .await;
     no_write_acknowledged(&cluster, &[0, 1, 2], ELECTION * 4).await;
     recover_on(&cluster, &oracle, 2, stream).await;
 }
@@ -181,8 +144,8 @@ async fn two_wiped_members_without_the_founder_are_recovered_by_force_new() {
         cluster.restart(i);
     }
     // The wiped members say in one line what to run.
-    wait_for_log(&cluster, 1, "cluster force-new").await;
-    wait_for_log(&cluster, 2, "cluster force-new").await;
+    cluster.wait_for_log(1, "cluster force-new").await;
+    cluster.wait_for_log(2, "cluster force-new").await;
     no_write_acknowledged(&cluster, &[0, 1, 2], THREE_ELECTIONS).await;
     recover_on(&cluster, &oracle, 0, stream).await;
 }
