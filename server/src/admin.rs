@@ -85,15 +85,16 @@ pub fn repair(dir: &Path, accept_loss: bool) -> ExitCode {
     }
 }
 
-/// Prints the sessions, streams and segments of `dir`.
-pub fn inspect(dir: &Path) -> ExitCode {
+/// Prints the sessions, streams and segments of `dir` (with `digest`, only digests of them
+/// and of a member's committed log, for comparing members).
+pub fn inspect(dir: &Path, digest: bool) -> ExitCode {
     if !dir.is_dir() {
         eprintln!("cursorlog inspect: {} is not a directory", dir.display());
         return ExitCode::from(EXIT_CANNOT_CHECK);
     }
     let member = dir.join("VOTE").exists();
     let opened = if member {
-        open_member(dir)
+        open_member(dir, digest)
     } else {
         Engine::open(Config::new(dir))
     };
@@ -104,7 +105,11 @@ pub fn inspect(dir: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let printed = print_inventory(&engine, dir);
+    let printed = if digest {
+        print_state_digest(&engine)
+    } else {
+        print_inventory(&engine, dir)
+    };
     let closed = engine.close();
     match (printed, closed) {
         (Ok(()), Ok(())) => ExitCode::SUCCESS,
@@ -117,9 +122,13 @@ pub fn inspect(dir: &Path) -> ExitCode {
 
 /// Opens a cluster member's directory as a replica (its index rebuilt from the log up to the
 /// committed entry; nothing is written to the log), and prints where its log stands.
-fn open_member(dir: &Path) -> cursorlog_engine::Result<Engine> {
+fn open_member(dir: &Path, digest: bool) -> cursorlog_engine::Result<Engine> {
     let log = cursorlog_engine::EntryLog::open(cursorlog_engine::EntryLogConfig::new(dir))?;
     let state = log.state();
+    if digest {
+        print_log_digest(&log)?;
+        return Engine::open_replica(Config::new(dir), &log);
+    }
     println!("cluster member: yes (VOTE present)");
     println!(
         "log: last entry {}, committed {}, purged through {}",
@@ -128,6 +137,67 @@ fn open_member(dir: &Path) -> cursorlog_engine::Result<Engine> {
         entry(state.last_purged),
     );
     Engine::open_replica(Config::new(dir), &log)
+}
+
+/// Entries read at a time while digesting the log.
+const DIGEST_CHUNK: u64 = 1024;
+
+/// `log <first>..=<committed> <crc32 hex>`: the CRC-32 of every entry from the first the log
+/// holds to the committed one (term, index and payload), so two members' lines are equal
+/// when they hold the same committed log (from the same first entry: a purge moves it).
+fn print_log_digest(log: &cursorlog_engine::EntryLog) -> cursorlog_engine::Result<()> {
+    let first = log.state().last_purged.map_or(1, |p| p.index + 1);
+    let Some(committed) = log.committed() else {
+        println!("log none");
+        return Ok(());
+    };
+    let mut hasher = crc32fast::Hasher::new();
+    let mut at = first;
+    while at <= committed.index {
+        let to = committed.index.min(at + DIGEST_CHUNK - 1);
+        for e in log.read(at, to)? {
+            hasher.update(&e.id.term.to_le_bytes());
+            hasher.update(&e.id.index.to_le_bytes());
+            match &e.payload {
+                cursorlog_engine::EntryPayload::Blank => hasher.update(&[0]),
+                cursorlog_engine::EntryPayload::Membership(m) => {
+                    hasher.update(&[1]);
+                    hasher.update(m);
+                }
+                cursorlog_engine::EntryPayload::Records(p) => {
+                    hasher.update(&[2]);
+                    hasher.update(p.as_bytes());
+                }
+            }
+        }
+        at = to + 1;
+    }
+    println!(
+        "log {first}..={} term {} {:08x}",
+        committed.index,
+        committed.term,
+        hasher.finalize()
+    );
+    Ok(())
+}
+
+/// `sessions <n> <crc32 hex>` and `streams <n> <crc32 hex>`: digests of everything
+/// `inspect` prints about them.
+fn print_state_digest(engine: &Engine) -> cursorlog_engine::Result<()> {
+    let sessions = engine.sessions()?;
+    let streams = engine.streams()?;
+    let digest = |text: String| crc32fast::hash(text.as_bytes());
+    println!(
+        "sessions {} {:08x}",
+        sessions.len(),
+        digest(format!("{sessions:?}"))
+    );
+    println!(
+        "streams {} {:08x}",
+        streams.len(),
+        digest(format!("{streams:?}"))
+    );
+    Ok(())
 }
 
 fn entry(id: Option<cursorlog_engine::EntryId>) -> String {

@@ -250,6 +250,12 @@ pub struct ServeArgs {
     /// --help and deliberately without an environment variable.
     #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub fault_fail_fsync_after: Option<u64>,
+    /// TEST ONLY: every write stays in this process's memory until its file's fdatasync, so
+    /// a SIGKILL loses what a power cut may lose; N numbers the simulated boot (pass a new N
+    /// after each simulated power cut). For crash tests of whole clusters; never set it in
+    /// production. Hidden from --help and deliberately without an environment variable.
+    #[arg(long, hide = true, conflicts_with = "fault_fail_fsync_after")]
+    pub fault_power_cut_boot: Option<u64>,
     /// Replication: this node's id in a cluster (with `--peers`). Without it, cursorlog runs
     /// as one node, exactly as before.
     #[command(flatten)]

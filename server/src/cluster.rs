@@ -216,6 +216,7 @@ pub async fn start(args: &ServeArgs, config: Config) -> Result<Option<Replicated
             every: args.cluster.snapshot_every_entries,
             keep_below: args.cluster.snapshot_keep_entries,
         },
+        file_system: crate::serve::file_system(args),
     })
     .await
     .map_err(|e| format!("cannot start cluster member {id} on {}: {e}", dir.display()))?;

@@ -32,6 +32,7 @@ mod frame_limit;
 mod logging;
 mod metrics;
 mod metrics_http;
+mod power_cut;
 mod read_pipe;
 mod read_slots;
 mod reader;
@@ -90,6 +91,10 @@ enum Command {
     Inspect {
         /// The data directory (not in use by a running server).
         dir: PathBuf,
+        /// Print only digests, one per line, for comparing members: a cluster member's log
+        /// entries up to its committed entry, and the sessions and streams rebuilt from them.
+        #[arg(long)]
+        digest: bool,
     },
 }
 
@@ -112,7 +117,7 @@ fn main() -> ExitCode {
             repair: true,
             accept_loss,
         }) => admin::repair(&dir, accept_loss),
-        Some(Command::Inspect { dir }) => admin::inspect(&dir),
+        Some(Command::Inspect { dir, digest }) => admin::inspect(&dir, digest),
         Some(Command::Cluster(command)) => cluster_cli::run(command),
     }
 }

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cursorlog_engine::{Config, Engine};
+use cursorlog_engine::{Config, Engine, FileSystem, StdFs};
 use cursorlog_proto::v1::cursor_log_server::CursorLogServer;
 use cursorlog_proto::v1::tasks_server::TasksServer;
 use tokio::net::TcpListener;
@@ -40,6 +40,7 @@ use crate::fault::FailFsyncAfter;
 use crate::frame_limit::FrameLimit;
 use crate::metrics::{self, Metrics};
 use crate::metrics_http;
+use crate::power_cut::PowerCutFs;
 use crate::read_slots::ReadSlots;
 use crate::service::CursorLogService;
 use crate::tasks::TasksService;
@@ -182,23 +183,35 @@ async fn end_health_watches(mut health: HealthReporter) {
         .await;
 }
 
-/// Opens the engine (on the blocking pool: recovery reads the whole log).
-async fn open_engine(args: &ServeArgs, config: Config) -> Result<Engine, String> {
-    let data_dir = config.dir.clone();
-    let fault = args.fault_fail_fsync_after;
-    if let Some(n) = fault {
+/// The file system under the data directory: the real one, or a test-only fault-injecting
+/// one when a hidden `--fault-*` flag asks for it (each says so at WARN).
+pub(crate) fn file_system(args: &ServeArgs) -> Arc<dyn FileSystem> {
+    if let Some(n) = args.fault_fail_fsync_after {
         tracing::warn!(
             "TEST ONLY: --fault-fail-fsync-after {n}: fdatasync number {n} will fail with EIO \
              and poison the engine. Never use this flag in production"
         );
+        return Arc::new(FailFsyncAfter::new(n));
     }
-    tokio::task::spawn_blocking(move || match fault {
-        Some(n) => Engine::open_with_fs(config, Arc::new(FailFsyncAfter::new(n))),
-        None => Engine::open(config),
-    })
-    .await
-    .map_err(|e| format!("opening the data directory panicked: {e}"))?
-    .map_err(|e| format!("cannot open data directory {}: {e}", data_dir.display()))
+    if let Some(boot) = args.fault_power_cut_boot {
+        tracing::warn!(
+            "TEST ONLY: --fault-power-cut-boot {boot}: writes are held in memory until their \
+             fdatasync, so killing this process loses them as a power cut would. Never use \
+             this flag in production"
+        );
+        return Arc::new(PowerCutFs::new(boot));
+    }
+    Arc::new(StdFs)
+}
+
+/// Opens the engine (on the blocking pool: recovery reads the whole log).
+async fn open_engine(args: &ServeArgs, config: Config) -> Result<Engine, String> {
+    let data_dir = config.dir.clone();
+    let fs = file_system(args);
+    tokio::task::spawn_blocking(move || Engine::open_with_fs(config, fs))
+        .await
+        .map_err(|e| format!("opening the data directory panicked: {e}"))?
+        .map_err(|e| format!("cannot open data directory {}: {e}", data_dir.display()))
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,8 @@ pub struct Cluster {
     hint: AtomicUsize,
     /// Whether the members' logs were dumped already (a failure dumps them once).
     dumped: AtomicBool,
+    /// Members run with `--fault-power-cut-boot` (a kill is a power cut): this boot number.
+    power_cut_boot: Option<AtomicU64>,
     /// This cluster's turn: one runs at a time in a test process ([`ONE_AT_A_TIME`]).
     _turn: OwnedMutexGuard<()>,
 }
@@ -111,6 +113,20 @@ impl Cluster {
     /// # Panics
     /// When a proxy or a member does not start.
     pub async fn start(extra: &[&str]) -> Self {
+        Self::start_as(extra, false).await
+    }
+
+    /// As [`Cluster::start`], but every member holds its writes in memory until their
+    /// fdatasync (the hidden `--fault-power-cut-boot`), so [`Cluster::kill`] is a power cut
+    /// of that member and [`Cluster::power_cut_all`] one of the whole cluster.
+    ///
+    /// # Panics
+    /// As [`Cluster::start`].
+    pub async fn start_with_power_cuts(extra: &[&str]) -> Self {
+        Self::start_as(extra, true).await
+    }
+
+    async fn start_as(extra: &[&str], power_cuts: bool) -> Self {
         let turn = Arc::clone(&ONE_AT_A_TIME).lock_owned().await;
         let addrs: Vec<String> = (0..MEMBERS).map(|_| free_addr()).collect();
         let mut proxies = Vec::new();
@@ -146,6 +162,7 @@ impl Cluster {
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             hint: AtomicUsize::new(0),
             dumped: AtomicBool::new(false),
+            power_cut_boot: power_cuts.then(|| AtomicU64::new(1)),
             _turn: turn,
         };
         for i in 0..MEMBERS {
@@ -177,8 +194,77 @@ impl Cluster {
                 args.push(format!("{}={}", j + 1, p.addr()));
             }
         }
+        if let Some(boot) = &self.power_cut_boot {
+            args.push("--fault-power-cut-boot".to_owned());
+            args.push(boot.load(Ordering::Relaxed).to_string());
+        }
         args.extend(self.extra.iter().cloned());
         args
+    }
+
+    /// Cuts the power of every member at once: SIGKILLs them all (with
+    /// [`Cluster::start_with_power_cuts`], what they had not synced is lost) and starts a
+    /// new boot, so recovery sees one. Restart them with [`Cluster::restart`].
+    ///
+    /// # Panics
+    /// When the cluster was not started with power cuts.
+    pub fn power_cut_all(&self) {
+        let Some(boot) = &self.power_cut_boot else {
+            panic!("power_cut_all needs Cluster::start_with_power_cuts")
+        };
+        let servers: Vec<Server> = {
+            let mut nodes = self.nodes.lock().expect("nodes lock");
+            nodes.iter_mut().filter_map(Option::take).collect()
+        };
+        tokio::task::block_in_place(|| {
+            for mut s in servers {
+                s.kill();
+            }
+        });
+        boot.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// SIGTERMs every running member at once (one `kill` for all, so none outlives the
+    /// others long enough to elect and append) and waits for each to exit.
+    ///
+    /// # Panics
+    /// When a member does not exit.
+    pub fn stop_all(&self) {
+        let mut servers: Vec<Server> = {
+            let mut nodes = self.nodes.lock().expect("nodes lock");
+            nodes.iter_mut().filter_map(Option::take).collect()
+        };
+        let mut args = vec!["-TERM".to_owned()];
+        args.extend(servers.iter().map(|s| s.pid().to_string()));
+        tokio::task::block_in_place(|| {
+            let sent = std::process::Command::new("kill")
+                .args(&args)
+                .status()
+                .expect("run kill");
+            assert!(sent.success(), "kill -TERM failed");
+            for s in &mut servers {
+                s.wait_exit();
+            }
+        });
+    }
+
+    /// The digests `cursorlog inspect --digest` prints for member `i`'s directory (the
+    /// member must be stopped): its committed log, and the sessions and streams rebuilt
+    /// from it.
+    ///
+    /// # Panics
+    /// When the command fails.
+    pub fn digests(&self, i: usize) -> String {
+        let dir = self.dir(i).to_str().expect("utf-8 data dir").to_owned();
+        let (status, out, err) =
+            tokio::task::block_in_place(|| run_tool(&["inspect", "--digest", &dir]));
+        if !status.success() {
+            self.fail(&format!(
+                "inspect --digest on member {}: {out}\n{err}",
+                i + 1
+            ));
+        }
+        out
     }
 
     /// Starts member `i` on its directory (it must not be running); panics when it does

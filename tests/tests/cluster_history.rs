@@ -7,7 +7,10 @@
 //! cut off both ways (`isolate-both`), both ways after its clients fell quiet so no failing
 //! write of its own tells it that it lost the lead, then they call it with what the other side
 //! answered (`isolate-quiet`), one way (`isolate-out`, `isolate-in`), paused past the election
-//! timeout, killed, all three killed; on request `isolate-reject` (every connection reset, as
+//! timeout, killed, all three killed, all three losing power at once (`power-loss-all`: every
+//! member runs with the hidden `--fault-power-cut-boot`, which holds its writes in memory
+//! until their fdatasync, so every kill above is also a power cut of that member, and this one
+//! restarts all three in a new boot); on request `isolate-reject` (every connection reset, as
 //! a rejecting firewall) and the lost disks of issue 30 item 4: `wipe-follower` (a follower
 //! wiped and restarted with its usual flags must be caught up), `wipe-two-founder` and
 //! `wipe-two-others` (two members wiped while all are down, all restarted: nothing may be
@@ -17,12 +20,16 @@
 //! sequential model: an answer no real-time order explains is a violation, printed as the
 //! shortest sub-history that proves it. The lies of issue 30 item 1 are also injected into the
 //! recorded history to show the checker rejects them there. Last, each member in turn leads
-//! and serves every session and stream: all must serve the same.
+//! and serves every session and stream: all must serve the same; then all stop at once and
+//! `cursorlog inspect --digest` of each directory must print the same digests of the committed
+//! log and of the sessions and streams rebuilt from it.
 //!
-//! `CURSORLOG_HISTORY_FAULTS=N` (default 7: one of each of the first seven kinds, in a seeded
+//! `CURSORLOG_HISTORY_FAULTS=N` (default 8: one of each of the first eight kinds, in a seeded
 //! order; more are drawn at random), `CURSORLOG_HISTORY_SEED=S`, `CURSORLOG_HISTORY_KINDS=a,b`
 //! (only those kinds; `all`: every kind), `CURSORLOG_HISTORY_BUDGET=steps` (the search cap per session, default
-//! 2,000,000) and `CURSORLOG_HISTORY_DUMP=path` (every recorded call, one a line).
+//! 2,000,000), `CURSORLOG_HISTORY_DUMP=path` (every recorded call, one a line) and
+//! `CURSORLOG_HISTORY_ELECTION_MS=ms` (the members' `--election-timeout-ms`, default 600; the
+//! server's default is 400).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test")]
 
@@ -38,13 +45,17 @@ use cursorlog_tests::{absorb, event, pb, ReadAll};
 use tonic::Status;
 
 /// As `cluster_faults`: 600 ms elections and 100 ms heartbeats on a loaded 2-core machine.
-const TIMING: [&str; 6] = [
+/// A short drain: the final stop of all members must not wait on calls the harness left
+/// open (a member whose peers stopped first answers them only with its timeouts).
+const TIMING: [&str; 8] = [
     "--election-timeout-ms",
     "600",
     "--heartbeat-ms",
     "100",
     "--segment-bytes",
     "65536",
+    "--shutdown-grace-secs",
+    "2",
 ];
 
 /// How long a client waits for an answer before it records the call as outcome-unknown.
@@ -59,7 +70,7 @@ const CLIENTS_PER_MEMBER: usize = 2;
 /// that stop all progress, at all): a few election timeouts.
 const HOLD: Duration = Duration::from_millis(2500);
 
-const KINDS: [&str; 11] = [
+const KINDS: [&str; 12] = [
     "isolate-both",
     "isolate-quiet",
     "isolate-out",
@@ -67,17 +78,18 @@ const KINDS: [&str; 11] = [
     "pause-leader",
     "kill-leader",
     "kill-all",
+    "power-loss-all",
     "isolate-reject",
     "wipe-follower",
     "wipe-two-founder",
     "wipe-two-others",
 ];
 
-/// The kinds of the default (CI) run: the first seven. Not `isolate-reject` (a cut by
+/// The kinds of the default (CI) run: the first eight. Not `isolate-reject` (a cut by
 /// connection resets, which behaved as `isolate-both` in every run so far), nor the lost
 /// disks (`wipe-*`: each is a kill, a wipe and a catch-up or an operator's recovery, seconds
 /// each; `cluster_formation` covers the two-disk outcomes in CI).
-const CI_KINDS: usize = 7;
+const CI_KINDS: usize = 8;
 
 /// The kinds after which a member other than the faulted leader must lead; the time from the
 /// fault until it first acknowledges a write is the leader's recovery time.
@@ -565,6 +577,15 @@ async fn fault(shared: &Shared, kind: &str, leader: usize, pick: u64) -> Option<
                 cluster.restart(i);
             }
         }
+        "power-loss-all" => {
+            // Every member loses power at once: what none of them had synced is gone (the
+            // members run with `--fault-power-cut-boot`), and each restarts in a new boot.
+            struck = None;
+            cluster.power_cut_all();
+            for i in 0..MEMBERS {
+                cluster.restart(i);
+            }
+        }
         "wipe-follower" => {
             // One lost disk with a quorum alive: the leader reaches the wiped member, which
             // adopts the cluster and catches up (README "Formation and recovery", rule 2)
@@ -825,7 +846,13 @@ async fn every_answer_is_explained_by_a_sequential_model() {
     };
     eprintln!("cluster_history: seed {seed}, {faults} faults of {kinds:?}");
     let mut rng = Rng(seed);
-    let cluster = Arc::new(Cluster::start(&TIMING).await);
+    // Every kill is a power cut of that member: what it had not synced is lost.
+    let election = std::env::var("CURSORLOG_HISTORY_ELECTION_MS").ok();
+    let mut timing = TIMING;
+    if let Some(ms) = &election {
+        timing[1] = ms;
+    }
+    let cluster = Arc::new(Cluster::start_with_power_cuts(&timing).await);
     let _dump = DumpOnPanic(Arc::clone(&cluster));
     let mut leader;
     let shared = Arc::new(Shared {
@@ -967,11 +994,13 @@ async fn every_answer_is_explained_by_a_sequential_model() {
         }
     }
 
+    let digests = same_digests(&cluster).await;
+
     eprintln!(
         "cluster_history totals: seed {seed}; faults {counts:?}; {} calls in {} sessions; \
          violations by the phase of the call that proves them: {by_fault:?}; undecided {}; \
-         diverged members {}; new leader's first write p99 {}; workload {workload_done:?}, \
-         check {:?}, total {:?}",
+         diverged members {}; digests of every member {digests:?}; new leader's first write p99 {}; \
+         workload {workload_done:?}, check {:?}, total {:?}",
         ops.len(),
         sessions.len(),
         report.undecided.len(),
@@ -991,6 +1020,42 @@ async fn every_answer_is_explained_by_a_sequential_model() {
         report.violations.len(),
         report.sessions_with_violations
     );
+}
+
+/// Stops every member at once and compares what `cursorlog inspect --digest` prints of
+/// each directory: the committed log (term, index and payload of every entry) and the
+/// sessions and streams rebuilt from it. Members that stopped with different commit indexes
+/// (one learned of the last commit after another stopped) are restarted, caught up and
+/// stopped again; with the same commit index, any difference is a divergence. The digests.
+async fn same_digests(cluster: &Cluster) -> Vec<String> {
+    for attempt in 1..=5 {
+        cluster.stop_all();
+        let digests: Vec<String> = (0..MEMBERS).map(|i| cluster.digests(i)).collect();
+        let range = |d: &String| d.lines().next().unwrap_or_default().to_owned();
+        let same_range = digests.iter().all(|d| range(d) == range(&digests[0]));
+        if same_range {
+            assert!(
+                !digests[0].starts_with("log none") && !digests[0].contains("sessions 0 "),
+                "the digests cover nothing: {digests:?}"
+            );
+            for (i, d) in digests.iter().enumerate().skip(1) {
+                assert_eq!(
+                    d,
+                    &digests[0],
+                    "member {} and member 1 hold different committed logs or state",
+                    i + 1
+                );
+            }
+            return digests;
+        }
+        eprintln!("digests at different commit indexes (attempt {attempt}): {digests:?}");
+        for i in 0..MEMBERS {
+            cluster.restart(i);
+        }
+        let leader = cluster.leader(None).await;
+        cluster.wait_caught_up(leader).await;
+    }
+    panic!("the members never stopped at the same commit index");
 }
 
 /// Violations counted by the nemesis phase, the call and the member (the faulted one or

@@ -109,6 +109,7 @@ async fn start(
             client: ClientOptions::new(),
             request_timeout: Duration::from_secs(10),
             snapshots: cursorlog_replication::SnapshotPolicy::default(),
+            file_system: std::sync::Arc::new(cursorlog_engine::StdFs),
         })
         .await;
         match started {
