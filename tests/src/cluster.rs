@@ -423,6 +423,11 @@ impl Cluster {
         CursorLogClient::new(self.channels[i].clone())
     }
 
+    /// A `cursorlog.v1.Tasks` client of member `i` (on the same lazy connection).
+    pub fn tasks(&self, i: usize) -> crate::pb::tasks_client::TasksClient<Channel> {
+        crate::pb::tasks_client::TasksClient::new(self.channels[i].clone())
+    }
+
     /// The member clients try first.
     pub fn hint(&self) -> usize {
         self.hint.load(Ordering::Relaxed)

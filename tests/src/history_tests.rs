@@ -450,3 +450,173 @@ fn a_search_out_of_budget_is_undecided_not_passed() {
     assert_eq!(report.undecided, vec!["S".to_owned()]);
     assert_eq!(report.ok, 0);
 }
+
+fn task(version: u64, status: i32, duplicate: bool) -> Answer {
+    Answer::Task {
+        version,
+        status,
+        duplicate,
+        created: None,
+    }
+}
+
+fn update(input: bool, message: u64, expected: Option<u64>) -> Call {
+    Call::UpdateTask {
+        input,
+        message,
+        expected,
+    }
+}
+
+/// The session's task created (version 1) and moved to input_required with message 1
+/// (version 2), in sequence.
+fn task_setup() -> Vec<Op> {
+    vec![
+        op(
+            0,
+            0,
+            5,
+            Call::CreateTask,
+            Answer::Task {
+                version: 1,
+                status: 1,
+                duplicate: false,
+                created: Some(true),
+            },
+        ),
+        op(0, 10, 15, update(true, 1, None), task(2, 2, false)),
+    ]
+}
+
+#[test]
+fn a_task_history_with_retries_restatements_and_concurrent_writers_is_accepted() {
+    let mut h = task_setup();
+    // A create retried by its request key: the task as it is now.
+    h.push(op(
+        1,
+        20,
+        25,
+        Call::CreateTask,
+        Answer::Task {
+            version: 2,
+            status: 2,
+            duplicate: false,
+            created: Some(false),
+        },
+    ));
+    // Restating writes nothing: same version, duplicate.
+    h.push(op(0, 30, 35, update(true, 1, Some(2)), task(2, 2, true)));
+    // Two concurrent changes: either order explains them.
+    h.push(op(0, 40, 60, update(false, 2, None), task(4, 1, false)));
+    h.push(op(1, 41, 59, update(true, 2, None), task(3, 2, false)));
+    // A compare-and-set on a version that moved is refused with the true version.
+    h.push(op(
+        2,
+        70,
+        75,
+        update(false, 1, Some(3)),
+        refused(
+            Code::Aborted,
+            "task \"t\" is at version 4, not 3: read it again and retry",
+        ),
+    ));
+    h.push(op(
+        0,
+        80,
+        85,
+        Call::FinishTask { expected: None },
+        task(5, 3, false),
+    ));
+    // A retried end is a duplicate; any other change is refused: it ended.
+    h.push(op(
+        1,
+        90,
+        95,
+        Call::FinishTask { expected: Some(4) },
+        task(5, 3, true),
+    ));
+    h.push(op(
+        2,
+        100,
+        105,
+        update(false, 1, None),
+        refused(
+            Code::FailedPrecondition,
+            "task \"t\" is completed: a task that ended never changes",
+        ),
+    ));
+    h.push(op(
+        0,
+        110,
+        115,
+        Call::GetTask,
+        Answer::TaskRead {
+            found: Some((5, 3)),
+        },
+    ));
+    assert_ok(&h);
+}
+
+#[test]
+fn a_task_read_from_before_an_acknowledged_change_is_rejected() {
+    let mut h = task_setup();
+    h.push(op(
+        1,
+        20,
+        25,
+        Call::GetTask,
+        Answer::TaskRead {
+            found: Some((1, 1)),
+        },
+    ));
+    assert_violation(&h);
+}
+
+#[test]
+fn a_restated_change_that_bumps_the_version_is_rejected() {
+    // Issue 30 item 7: a restating UpdateTask answered duplicate false at a new version.
+    let mut h = task_setup();
+    h.push(op(0, 20, 25, update(true, 1, None), task(3, 2, false)));
+    assert_violation(&h);
+}
+
+#[test]
+fn not_found_for_an_acknowledged_task_is_rejected() {
+    let mut h = task_setup();
+    h.push(op(
+        1,
+        20,
+        25,
+        update(false, 2, None),
+        refused(Code::NotFound, "task \"t\" not found"),
+    ));
+    assert_violation(&h);
+}
+
+#[test]
+fn an_unknown_task_write_may_have_taken_effect_or_not() {
+    let mut h = task_setup();
+    h.push(op(1, 20, 25, update(false, 2, None), unknown()));
+    h.push(op(
+        0,
+        30,
+        35,
+        Call::GetTask,
+        Answer::TaskRead {
+            found: Some((3, 1)),
+        },
+    ));
+    assert_ok(&h);
+    let mut h = task_setup();
+    h.push(op(1, 20, 25, update(false, 2, None), unknown()));
+    h.push(op(
+        0,
+        30,
+        35,
+        Call::GetTask,
+        Answer::TaskRead {
+            found: Some((2, 2)),
+        },
+    ));
+    assert_ok(&h);
+}

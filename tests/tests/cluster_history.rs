@@ -1,7 +1,7 @@
 //! Issue 30 item 6: every answer checked against a model.
 //!
-//! Three real `cursorlog` members; six clients, two on each member, send a mix of session
-//! and stream calls straight to their member's client port — also while that member is cut
+//! Three real `cursorlog` members; six clients, two on each member, send a mix of session,
+//! stream and task calls straight to their member's client port — also while that member is cut
 //! off, paused or down — and record every call with its start, its end and its answer
 //! (`cursorlog_tests::history`). A nemesis, one fault at a time against the current leader:
 //! cut off both ways (`isolate-both`), both ways after its clients fell quiet so no failing
@@ -142,6 +142,8 @@ struct SessionView {
     name: String,
     epoch: u64,
     streams: Vec<StreamView>,
+    /// The session's task, once an answer showed it: its version and whether it runs.
+    task: Option<(u64, bool)>,
     calls: usize,
 }
 
@@ -151,6 +153,7 @@ impl SessionView {
             name,
             epoch: 0,
             streams: Vec::new(),
+            task: None,
             calls: 0,
         }
     }
@@ -198,8 +201,24 @@ impl SessionView {
                     s.open &= phase.is_none_or(|p| p == Phase::Open);
                 }
             }
+            Answer::Task {
+                version, status, ..
+            } => self.task = Some((*version, *status == 1 || *status == 2)),
+            Answer::TaskRead {
+                found: Some((version, status)),
+            } => self.task = Some((*version, *status == 1 || *status == 2)),
             Answer::Refused { claim, .. } => match (claim, s) {
                 (Claim::StaleEpoch { current }, _) => self.epoch = self.epoch.max(*current),
+                (Claim::TaskVersion(v), _) => {
+                    if let Some(t) = &mut self.task {
+                        t.0 = *v;
+                    }
+                }
+                (Claim::TaskEnded { .. }, _) => {
+                    if let Some(t) = &mut self.task {
+                        t.1 = false;
+                    }
+                }
                 (Claim::Head(h), Some(s)) => s.head = s.head.max(*h),
                 (Claim::Terminated { .. }, Some(s)) => s.open = false,
                 _ => {}
@@ -307,6 +326,9 @@ fn choose(view: &SessionView, rng: &mut Rng) -> Call {
             Some(&view.streams[rng.below(view.streams.len())])
         }
     };
+    if rng.below(100) < 15 {
+        return choose_task(view, rng);
+    }
     let r = rng.below(100);
     let stream = any_stream(rng);
     match (r, stream) {
@@ -338,9 +360,41 @@ fn choose(view: &SessionView, rng: &mut Rng) -> Call {
     }
 }
 
+/// A call on the session's task: created first (and now and then again, a retry by its
+/// request key), then status changes (some restating, some compare-and-set on the version
+/// last seen), an end, reads.
+fn choose_task(view: &SessionView, rng: &mut Rng) -> Call {
+    let Some((version, _)) = view.task else {
+        return Call::CreateTask;
+    };
+    let expected = (rng.below(2) == 0).then_some(version);
+    match rng.below(100) {
+        0..=4 => Call::CreateTask,
+        5..=54 => Call::UpdateTask {
+            input: rng.below(2) == 0,
+            message: 1 + rng.below(2) as u64,
+            expected,
+        },
+        55..=64 => Call::FinishTask { expected },
+        _ => Call::GetTask,
+    }
+}
+
+/// The answer of a task write: the task as it is now.
+fn task_answer(task: Option<pb::Task>, duplicate: bool, created: Option<bool>) -> Answer {
+    let t = task.unwrap_or_default();
+    Answer::Task {
+        version: t.version,
+        status: t.status,
+        duplicate,
+        created,
+    }
+}
+
 /// Sends `call` to member `member` and turns the reply into an [`Answer`].
 async fn send(cluster: &Cluster, member: usize, session: &str, call: &Call, tag: u64) -> Answer {
     let mut c = cluster.client(member);
+    let mut tasks = cluster.tasks(member);
     let session = session.to_owned();
     let payload = |k: u64| format!("{session}/{tag}/{k}").into_bytes();
     let fut = async {
@@ -450,6 +504,80 @@ async fn send(cluster: &Cluster, member: usize, session: &str, call: &Call, tag:
                         current_epoch: r.current_epoch,
                         phase: r.stream_state.and_then(Phase::from_proto),
                         head: r.head,
+                    }
+                }),
+            Call::CreateTask => tasks
+                .create_task(pb::CreateTaskRequest {
+                    owner: session.clone(),
+                    task_id: "t".into(),
+                    request_key: "k".into(),
+                    ..Default::default()
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    task_answer(r.task, false, Some(r.created))
+                }),
+            Call::UpdateTask {
+                input,
+                message,
+                expected,
+            } => tasks
+                .update_task(pb::UpdateTaskRequest {
+                    owner: session.clone(),
+                    task_id: "t".into(),
+                    expected_version: *expected,
+                    status: if *input {
+                        pb::TaskStatus::InputRequired
+                    } else {
+                        pb::TaskStatus::Working
+                    }
+                    .into(),
+                    status_message: Some(format!("m{message}")),
+                    ..Default::default()
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    task_answer(r.task, r.duplicate, None)
+                }),
+            Call::FinishTask { expected } => tasks
+                .finish_task(pb::FinishTaskRequest {
+                    owner: session.clone(),
+                    task_id: "t".into(),
+                    expected_version: *expected,
+                    status: pb::TaskStatus::Completed.into(),
+                    ..Default::default()
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    task_answer(r.task, r.duplicate, None)
+                }),
+            Call::GetTask => tasks
+                .get_task(pb::GetTaskRequest {
+                    owner: session.clone(),
+                    task_id: "t".into(),
+                    include_outcome: false,
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    const FOUND: i32 = 1;
+                    const UNKNOWN: i32 = 4;
+                    match r.verdict {
+                        FOUND => {
+                            let t = r.view.and_then(|v| v.task).unwrap_or_default();
+                            Answer::TaskRead {
+                                found: Some((t.version, t.status)),
+                            }
+                        }
+                        UNKNOWN => Answer::TaskRead { found: None },
+                        v => Answer::Refused {
+                            code: tonic::Code::Ok,
+                            message: format!("GetTask verdict {v} (the model never expires tasks)"),
+                            claim: Claim::Other,
+                        },
                     }
                 }),
         };
@@ -1182,6 +1310,25 @@ fn injected_lies(ops: &[Op]) -> Vec<(&'static str, Vec<Op>)> {
             ),
         ));
         out.push(("NOT_FOUND for an acknowledged stream", h));
+    }
+    if let Some(o) = ops.iter().find(
+        |o| matches!(o.answer, Answer::Task { version, duplicate: false, .. } if version >= 2),
+    ) {
+        let Answer::Task {
+            version, status, ..
+        } = &o.answer
+        else {
+            unreachable!()
+        };
+        let mut h = session_of(o);
+        h.push(lie(
+            o,
+            Call::GetTask,
+            Answer::TaskRead {
+                found: Some((version - 1, *status)),
+            },
+        ));
+        out.push(("a task read older than an acknowledged change", h));
     }
     out
 }

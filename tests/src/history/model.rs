@@ -1,5 +1,5 @@
-//! The sequential model of one session and its streams: the state every answer is checked
-//! against.
+//! The sequential model of one session, its streams and its one task: the state every
+//! answer is checked against.
 
 use super::*;
 
@@ -12,13 +12,44 @@ pub(super) struct StreamModel {
     phase: Phase,
 }
 
-/// The sequential model of one session and its streams.
+/// The session's task in the model (`TaskStatus` numbers: 1 working, 2 input_required,
+/// 3 completed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct TaskModel {
+    version: u64,
+    status: i32,
+    /// The status message's number (0: none).
+    message: u64,
+}
+
+const WORKING: i32 = 1;
+const INPUT_REQUIRED: i32 = 2;
+const COMPLETED: i32 = 3;
+
+impl TaskModel {
+    fn running(self) -> bool {
+        self.status == WORKING || self.status == INPUT_REQUIRED
+    }
+}
+
+/// The status an `UpdateTask` asks for.
+fn update_status(input: bool) -> i32 {
+    if input {
+        INPUT_REQUIRED
+    } else {
+        WORKING
+    }
+}
+
+/// The sequential model of one session, its streams and its task.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Model {
     /// The current epoch; 0 while the session does not exist.
     epoch: u64,
     /// Its streams, by id.
     streams: Vec<StreamModel>,
+    /// Its task, once created.
+    task: Option<TaskModel>,
 }
 
 impl Model {
@@ -66,6 +97,36 @@ impl Model {
                 }
                 s.head = *expected;
                 s.phase = Phase::Completed;
+            }
+            Call::CreateTask if self.task.is_none() => {
+                next.task = Some(TaskModel {
+                    version: 1,
+                    status: WORKING,
+                    message: 0,
+                });
+            }
+            Call::UpdateTask {
+                input,
+                message,
+                expected,
+            } => {
+                let t = next.task.as_mut()?;
+                let status = update_status(*input);
+                let restates = t.status == status && t.message == *message;
+                if !t.running() || expected.is_some_and(|v| v != t.version) || restates {
+                    return None;
+                }
+                t.version += 1;
+                t.status = status;
+                t.message = *message;
+            }
+            Call::FinishTask { expected } => {
+                let t = next.task.as_mut()?;
+                if !t.running() || expected.is_some_and(|v| v != t.version) {
+                    return None;
+                }
+                t.version += 1;
+                t.status = COMPLETED;
             }
             _ => return None,
         }
@@ -167,6 +228,80 @@ impl Model {
                     head,
                 },
             ) => self.resolved(*stream, *verdict, *current_epoch, *phase, *head),
+            (
+                Call::CreateTask,
+                Answer::Task {
+                    version,
+                    status,
+                    created,
+                    ..
+                },
+            ) => match self.task {
+                None => {
+                    next.task = Some(TaskModel {
+                        version: 1,
+                        status: WORKING,
+                        message: 0,
+                    });
+                    *created == Some(true) && *version == 1 && *status == WORKING
+                }
+                Some(t) => *created == Some(false) && *version == t.version && *status == t.status,
+            },
+            (
+                Call::UpdateTask {
+                    input,
+                    message,
+                    expected,
+                },
+                Answer::Task {
+                    version,
+                    status,
+                    duplicate,
+                    ..
+                },
+            ) => {
+                let t = next.task.as_mut()?;
+                let want = update_status(*input);
+                if !t.running() || expected.is_some_and(|v| v != t.version) || *status != want {
+                    return None;
+                }
+                if t.status == want && t.message == *message {
+                    *duplicate && *version == t.version
+                } else {
+                    t.version += 1;
+                    t.status = want;
+                    t.message = *message;
+                    !*duplicate && *version == t.version
+                }
+            }
+            (
+                Call::FinishTask { expected },
+                Answer::Task {
+                    version,
+                    status,
+                    duplicate,
+                    ..
+                },
+            ) => {
+                let t = next.task.as_mut()?;
+                if *status != COMPLETED {
+                    return None;
+                }
+                if t.running() {
+                    let ok = expected.is_none_or(|v| v == t.version) && !*duplicate;
+                    t.version += 1;
+                    t.status = COMPLETED;
+                    ok && *version == t.version
+                } else {
+                    // Restating the end it already has writes nothing.
+                    t.status == COMPLETED && *duplicate && *version == t.version
+                }
+            }
+            (Call::GetTask, Answer::TaskRead { found }) => match (self.task, found) {
+                (None, None) => true,
+                (Some(t), Some((version, status))) => t.version == *version && t.status == *status,
+                _ => false,
+            },
             (_, Answer::Refused { claim, .. }) => self.claims(call, claim),
             _ => false,
         };
@@ -216,6 +351,19 @@ impl Model {
             }),
             Claim::NoStream => self.epoch > 0 && s.is_none(),
             Claim::NoSession => self.epoch == 0,
+            Claim::NoTask => self.task.is_none(),
+            Claim::TaskEnded { status } => self.task.is_some_and(|t| {
+                !t.running()
+                    && status.is_none_or(|s| s == t.status)
+                    // A restated end is a duplicate, not a refusal.
+                    && !(matches!(call, Call::FinishTask { .. }) && t.status == COMPLETED)
+            }),
+            Claim::TaskVersion(v) => self.task.is_some_and(|t| {
+                t.running()
+                    && t.version == *v
+                    && matches!(call, Call::UpdateTask { expected: Some(e), .. }
+                        | Call::FinishTask { expected: Some(e) } if *e != t.version)
+            }),
             Claim::Other => false,
         }
     }

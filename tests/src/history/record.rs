@@ -89,6 +89,25 @@ pub enum Call {
         /// The cursor's epoch.
         epoch: u64,
     },
+    /// `CreateTask` of the session's one task (owner: the session; one request key).
+    CreateTask,
+    /// `UpdateTask` of the session's task to `input_required` or back to `working`, with
+    /// status message `message`.
+    UpdateTask {
+        /// `input_required` (else `working`).
+        input: bool,
+        /// The status message's number.
+        message: u64,
+        /// `expected_version`, when the call is a compare-and-set.
+        expected: Option<u64>,
+    },
+    /// `FinishTask` of the session's task as `completed`.
+    FinishTask {
+        /// `expected_version`, when the call is a compare-and-set.
+        expected: Option<u64>,
+    },
+    /// `GetTask` of the session's task (a read of its version and status).
+    GetTask,
 }
 
 impl Call {
@@ -101,6 +120,9 @@ impl Call {
                 | Self::OpenStream { .. }
                 | Self::Append { .. }
                 | Self::Complete { .. }
+                | Self::CreateTask
+                | Self::UpdateTask { .. }
+                | Self::FinishTask { .. }
         )
     }
 
@@ -115,6 +137,10 @@ impl Call {
             Self::Complete { .. } => "Complete",
             Self::KeepAlive { .. } => "KeepAlive",
             Self::Resolve { .. } => "Resolve",
+            Self::CreateTask => "CreateTask",
+            Self::UpdateTask { .. } => "UpdateTask",
+            Self::FinishTask { .. } => "FinishTask",
+            Self::GetTask => "GetTask",
         }
     }
 
@@ -149,6 +175,20 @@ impl fmt::Display for Call {
             }
             Self::KeepAlive { stream } => write!(f, "KeepAlive(stream {stream})"),
             Self::Resolve { stream, epoch } => write!(f, "Resolve({epoch}-{stream}-0)"),
+            Self::CreateTask => write!(f, "CreateTask"),
+            Self::UpdateTask {
+                input,
+                message,
+                expected,
+            } => write!(
+                f,
+                "UpdateTask({}, message {message}, expected_version {expected:?})",
+                if *input { "input_required" } else { "working" }
+            ),
+            Self::FinishTask { expected } => {
+                write!(f, "FinishTask(completed, expected_version {expected:?})")
+            }
+            Self::GetTask => write!(f, "GetTask"),
         }
     }
 }
@@ -172,6 +212,15 @@ pub enum Claim {
     NoStream,
     /// "session not found": the session did not exist.
     NoSession,
+    /// "task ... not found": the task did not exist.
+    NoTask,
+    /// "task ... is STATUS: a task that ended never changes".
+    TaskEnded {
+        /// The status named (a `TaskStatus` number), when it parses.
+        status: Option<i32>,
+    },
+    /// "task ... is at version V, not E" (ABORTED).
+    TaskVersion(u64),
     /// Any other definite refusal (the model has no state that explains it: expiry,
     /// INVALID_ARGUMENT, ...).
     Other,
@@ -219,6 +268,22 @@ pub enum Answer {
     },
     /// `KeepAlive` OK.
     Alive,
+    /// A task write's answer: the task as it is now.
+    Task {
+        /// Its version.
+        version: u64,
+        /// Its status (a `TaskStatus` number).
+        status: i32,
+        /// `duplicate` (nothing written), for `UpdateTask` and `FinishTask`.
+        duplicate: bool,
+        /// `created`, for `CreateTask`.
+        created: Option<bool>,
+    },
+    /// `GetTask`: found with this version and status, or (`None`) unknown.
+    TaskRead {
+        /// `(version, status)` when found.
+        found: Option<(u64, i32)>,
+    },
     /// `Resolve`'s verdict and facts.
     Resolved {
         /// The verdict number.
@@ -310,9 +375,18 @@ fn number_after(text: &str, marker: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The `TaskStatus` number of the status a task-ended message names.
+fn task_status_named(message: &str) -> Option<i32> {
+    let t = message.to_ascii_lowercase();
+    [("completed", 3), ("failed", 4), ("cancelled", 5)]
+        .into_iter()
+        .find(|(name, _)| t.contains(&format!("is {name}")))
+        .map(|(_, n)| n)
+}
+
 fn parse_claim(code: Code, message: &str) -> Claim {
     match code {
-        Code::FailedPrecondition => {
+        Code::FailedPrecondition if !message.contains("a task that ended never changes") => {
             if let Some(current) = number_after(message, "current epoch is ") {
                 Claim::StaleEpoch { current }
             } else if let Some(at) = message.find("is terminated") {
@@ -323,8 +397,17 @@ fn parse_claim(code: Code, message: &str) -> Claim {
                 Claim::Other
             }
         }
+        Code::FailedPrecondition if message.contains("a task that ended never changes") => {
+            Claim::TaskEnded {
+                status: task_status_named(message),
+            }
+        }
+        Code::Aborted if message.starts_with("task ") => {
+            number_after(message, "is at version ").map_or(Claim::Other, Claim::TaskVersion)
+        }
         Code::Aborted => number_after(message, "stream head is ").map_or(Claim::Other, Claim::Head),
         Code::NotFound if message.starts_with("session not found") => Claim::NoSession,
+        Code::NotFound if message.starts_with("task ") => Claim::NoTask,
         Code::NotFound if message.starts_with("stream ") => Claim::NoStream,
         _ => Claim::Other,
     }
@@ -351,6 +434,19 @@ impl fmt::Display for Answer {
                 duplicate,
             } => write!(f, "OK terminal seq {terminal_seq} duplicate {duplicate}"),
             Self::Alive => write!(f, "OK"),
+            Self::Task {
+                version,
+                status,
+                duplicate,
+                created,
+            } => write!(
+                f,
+                "OK task version {version} status {status} duplicate {duplicate} created {created:?}"
+            ),
+            Self::TaskRead { found } => match found {
+                Some((version, status)) => write!(f, "OK found version {version} status {status}"),
+                None => write!(f, "OK unknown"),
+            },
             Self::Resolved {
                 verdict,
                 current_epoch,
