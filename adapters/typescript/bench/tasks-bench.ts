@@ -48,12 +48,20 @@ const { values } = parseArgs({
     gets: { type: 'string', default: '400' },
     'data-root': { type: 'string', default: join(PACKAGE_DIR, 'bench', 'results') },
     cluster: { type: 'string', default: '0' },
+    sides: { type: 'string', default: 'cursorlog,redis-always,redis-everysec' },
   },
 });
 const ROUNDS = Number(values.rounds);
 const LEVELS = values.tasks!.split(',').map((p) => p.split(':').map(Number) as [number, number]);
 const GETS = Number(values.gets);
 const CLUSTER = Number(values.cluster);
+/**
+ * Which single-node sides run (`--sides cursorlog` alone, e.g. under `node --cpu-prof`); the
+ * `tasks/get` table needs both `cursorlog` and `redis-always`. `cursorlog-grpc-js` (not run by
+ * default) is the same server through a client whose unary calls go through grpc-js.
+ */
+const SIDES = new Set(values.sides!.split(',').map((s) => s.trim()));
+for (const s of SIDES) if (!['cursorlog', 'cursorlog-grpc-js', 'redis-always', 'redis-everysec'].includes(s)) throw new Error(`--sides: unknown side ${s}`);
 if (!Number.isInteger(CLUSTER) || (CLUSTER !== 0 && CLUSTER < 3)) throw new Error(`--cluster ${values.cluster}: 0 (off) or a member count of at least 3`);
 
 async function freePort(): Promise<number> {
@@ -252,11 +260,13 @@ async function main(): Promise<void> {
   const redis = new Redis({ host: '127.0.0.1', port: redisPort, maxRetriesPerRequest: 2 });
   const grpcA = new CursorlogClient({ address, deadlineMs: 30_000 });
   const grpcB = new CursorlogClient({ address, deadlineMs: 30_000 });
-  const sides: { name: string; store: TaskStore; pids: (number | undefined)[]; before?: () => Promise<void> }[] = [
-    { name: 'cursorlog (sync always)', store: new CursorlogTaskStore(grpcA), pids: [cl.child.pid] },
-    { name: 'redis (appendfsync always)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'always')) },
-    { name: 'redis (appendfsync everysec)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'everysec')) },
-  ];
+  const grpcJs = new CursorlogClient({ address, deadlineMs: 30_000, unaryTransport: 'grpc-js' });
+  const sides: { key: string; name: string; store: TaskStore; pids: (number | undefined)[]; before?: () => Promise<void> }[] = [
+    { key: 'cursorlog', name: 'cursorlog (sync always)', store: new CursorlogTaskStore(grpcA), pids: [cl.child.pid] },
+    { key: 'cursorlog-grpc-js', name: 'cursorlog, unary calls through grpc-js (sync always)', store: new CursorlogTaskStore(grpcJs), pids: [cl.child.pid] },
+    { key: 'redis-always', name: 'redis (appendfsync always)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'always')) },
+    { key: 'redis-everysec', name: 'redis (appendfsync everysec)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'everysec')) },
+  ].filter((s) => SIDES.has(s.key));
   // The cluster side: clients given the member list find the leader themselves.
   const cluster = CLUSTER > 0 ? await startCluster(root, CLUSTER) : undefined;
   const grpcCA = cluster && new CursorlogClient({ address: cluster.list, deadlineMs: 30_000 });
@@ -268,7 +278,7 @@ async function main(): Promise<void> {
     await leaderOf(grpcCB);
     viewBefore = clusterView(cluster.list);
     console.error(`cluster ${cluster.list}: leader ${leaderBefore} (${viewBefore})`);
-    sides.push({ name: `cursorlog ${CLUSTER}-member cluster (sync always)`, store: new CursorlogTaskStore(grpcCA), pids: cluster.procs.map((p) => p.child.pid) });
+    sides.push({ key: 'cluster', name: `cursorlog ${CLUSTER}-member cluster (sync always)`, store: new CursorlogTaskStore(grpcCA), pids: cluster.procs.map((p) => p.child.pid) });
   }
   const load = readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
   console.error(`load before: ${load}`);
@@ -292,8 +302,8 @@ async function main(): Promise<void> {
     }
   }
   await redis.config('SET', 'appendfsync', 'always');
-  const getsCursorlog = await getLatency(new CursorlogTaskStore(grpcA), new CursorlogTaskStore(grpcB));
-  const getsRedis = await getLatency(new RedisTaskStore(redis), new RedisTaskStore(redis));
+  const getsCursorlog = SIDES.has('cursorlog') ? await getLatency(new CursorlogTaskStore(grpcA), new CursorlogTaskStore(grpcB)) : undefined;
+  const getsRedis = SIDES.has('redis-always') ? await getLatency(new RedisTaskStore(redis), new RedisTaskStore(redis)) : undefined;
   const getsCluster = grpcCA && grpcCB ? await getLatency(new CursorlogTaskStore(grpcCA), new CursorlogTaskStore(grpcCB)) : undefined;
   const leaderAfter = grpcCA ? await leaderOf(grpcCA) : '';
   const viewAfter = cluster ? clusterView(cluster.list) : '';
@@ -321,12 +331,13 @@ async function main(): Promise<void> {
   console.log('');
   console.log('| store | p50 ms | p99 ms |');
   console.log('|---|---:|---:|');
-  console.log(`| cursorlog (GetTask, linearizable) | ${f2(getsCursorlog.p50)} | ${f2(getsCursorlog.p99)} |`);
-  console.log(`| redis (GET) | ${f2(getsRedis.p50)} | ${f2(getsRedis.p99)} |`);
+  if (getsCursorlog) console.log(`| cursorlog (GetTask, linearizable) | ${f2(getsCursorlog.p50)} | ${f2(getsCursorlog.p99)} |`);
+  if (getsRedis) console.log(`| redis (GET) | ${f2(getsRedis.p50)} | ${f2(getsRedis.p99)} |`);
   if (getsCluster) console.log(`| cursorlog ${CLUSTER}-member cluster (GetTask, linearizable: ReadIndex on the leader) | ${f2(getsCluster.p50)} | ${f2(getsCluster.p99)} |`);
 
   grpcA.close();
   grpcB.close();
+  grpcJs.close();
   grpcCA?.close();
   grpcCB?.close();
   redis.disconnect();

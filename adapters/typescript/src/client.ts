@@ -8,6 +8,7 @@ import { loadClientConstructor, loadTasksConstructor, TASK_RPCS, type AppendResp
 /** Every unary RPC this client calls: the event log's and the tasks service's. */
 export type AllRpcs = Rpcs & TaskRpcs;
 import { mayRetry, Router, type BackoffOptions, type RetryHint } from './router.js';
+import { H2UnaryChannel, type UnaryMethod } from './h2-unary.js';
 
 /** One answer of `AppendStream`. */
 export interface AppendResultMessage {
@@ -53,6 +54,13 @@ export interface ClientOptions extends BackoffOptions {
   credentials?: grpc.ChannelCredentials;
   /** Deadline of every unary call, ms (default 10 000), retries on other members included. */
   deadlineMs?: number;
+  /**
+   * How unary calls travel: `'http2'` (the default without {@link credentials}) sends them
+   * straight on `node:http2` (see `h2-unary.ts`: a fraction of grpc-js's CPU per call);
+   * `'grpc-js'` (the default, and the only choice, with credentials) through grpc-js.
+   * Streaming calls always use grpc-js.
+   */
+  unaryTransport?: 'http2' | 'grpc-js';
 }
 
 /** The `cursorlog-leader` and `cursorlog-retry` headers of a failed call. */
@@ -65,7 +73,8 @@ function hints(error: Partial<grpc.ServiceError>): { leader: string | undefined;
   const retry = first('cursorlog-retry');
   if (retry === 'safe' || retry === 'outcome-unknown') return { leader: first('cursorlog-leader'), retry };
   // grpc-js fails a call this way when no connection is up: nothing was sent, resending is safe.
-  return { leader: first('cursorlog-leader'), retry: /^No connection established/.test(error.details ?? '') ? 'safe' : undefined };
+  const unsent = (error as { unsent?: boolean }).unsent === true || /^No connection established/.test(error.details ?? '');
+  return { leader: first('cursorlog-leader'), retry: unsent ? 'safe' : undefined };
 }
 
 /** The leader named in a not-leader message ("… (the leader is at HOST:PORT) …"), as inside `AppendBatch` item failures. */
@@ -87,6 +96,10 @@ export class CursorlogClient {
   private readonly channels = new Map<string, grpc.Client>();
   /** Clients of the `Tasks` service, one per member (grpc-js shares the connection with {@link channels}). */
   private readonly taskChannels = new Map<string, grpc.Client>();
+  /** Unary calls on `node:http2`, one session per member (`undefined`: unary calls use grpc-js). */
+  private readonly h2: Map<string, H2UnaryChannel> | undefined;
+  /** Headers of every `node:http2` call (the token's). */
+  private readonly h2Headers: Record<string, string> = {};
   private readonly credentials: grpc.ChannelCredentials;
   private readonly metadata: grpc.Metadata;
   private readonly deadlineMs: number;
@@ -101,7 +114,20 @@ export class CursorlogClient {
     this.metadata = new grpc.Metadata();
     if (options.token !== undefined) this.metadata.set('authorization', `Bearer ${options.token}`);
     this.deadlineMs = options.deadlineMs ?? 10_000;
+    if (options.unaryTransport === 'http2' && options.credentials !== undefined) throw new RangeError("unaryTransport 'http2' is plain text only: leave it unset with credentials");
+    this.h2 = (options.unaryTransport ?? (options.credentials === undefined ? 'http2' : 'grpc-js')) === 'http2' ? new Map() : undefined;
+    if (options.token !== undefined) this.h2Headers['authorization'] = `Bearer ${options.token}`;
     this.channel(this.router.current);
+  }
+
+  /** The `node:http2` unary channel to one member. */
+  private h2Channel(h2: Map<string, H2UnaryChannel>, address: string): H2UnaryChannel {
+    let channel = h2.get(address);
+    if (channel === undefined) {
+      channel = new H2UnaryChannel(address, this.h2Headers, 64 * 1024 * 1024);
+      h2.set(address, channel);
+    }
+    return channel;
   }
 
   /** The cached channel to one member. */
@@ -169,6 +195,11 @@ export class CursorlogClient {
 
   private once<K extends keyof AllRpcs>(address: string, rpc: K, request: AllRpcs[K][0], deadline: number): Promise<AllRpcs[K][1]> {
     const client = TASK_RPCS.has(rpc) ? this.taskChannel(address) : this.channel(address);
+    if (this.h2 !== undefined) {
+      const definition = (client.constructor as unknown as { service?: Record<string, UnaryMethod> }).service?.[rpc];
+      if (definition === undefined) return Promise.reject(new CursorlogMcpError(`cursorlog has no RPC ${rpc}`));
+      return this.h2Channel(this.h2, address).call(definition, request, deadline) as Promise<AllRpcs[K][1]>;
+    }
     const method = (client as unknown as Record<string, UnaryFn>)[rpc];
     if (method === undefined) return Promise.reject(new CursorlogMcpError(`cursorlog has no RPC ${rpc}`));
     return new Promise((resolve, reject) => {
@@ -249,11 +280,13 @@ export class CursorlogClient {
     return method.call(client, this.metadata);
   }
 
-  /** Closes every channel; calls in flight fail. */
+  /** Closes every channel: new calls fail; unary calls in flight finish, as grpc-js lets them. */
   close(): void {
     this.closed = true;
     for (const client of this.channels.values()) client.close();
     for (const client of this.taskChannels.values()) client.close();
+    for (const channel of this.h2?.values() ?? []) channel.close();
+    this.h2?.clear();
     this.channels.clear();
     this.taskChannels.clear();
   }
