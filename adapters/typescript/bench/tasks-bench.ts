@@ -19,10 +19,13 @@
  * (it follows the `cursorlog-leader` hints to the leader); its server CPU is every member's.
  * `--cluster 0` (the default) runs the three sides above and nothing else.
  *
- * Output: a Markdown table on stdout (medians over rounds, per-call p50/p99 pooled).
+ * `--sides` picks among `cursorlog`, `redis-always`, `redis-everysec` (default: all three).
+ *
+ * Output: a Markdown table on stdout (medians over rounds, per-call p50/p99 pooled); with
+ * `--json PATH`, every round's figures as JSON too.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer as createHttpServer, type IncomingMessage } from 'node:http';
 import { createServer } from 'node:net';
 import type { AddressInfo } from 'node:net';
@@ -48,6 +51,8 @@ const { values } = parseArgs({
     gets: { type: 'string', default: '400' },
     'data-root': { type: 'string', default: join(PACKAGE_DIR, 'bench', 'results') },
     cluster: { type: 'string', default: '0' },
+    sides: { type: 'string', default: 'cursorlog,redis-always,redis-everysec' },
+    json: { type: 'string' },
   },
 });
 const ROUNDS = Number(values.rounds);
@@ -252,11 +257,12 @@ async function main(): Promise<void> {
   const redis = new Redis({ host: '127.0.0.1', port: redisPort, maxRetriesPerRequest: 2 });
   const grpcA = new CursorlogClient({ address, deadlineMs: 30_000 });
   const grpcB = new CursorlogClient({ address, deadlineMs: 30_000 });
-  const sides: { name: string; store: TaskStore; pids: (number | undefined)[]; before?: () => Promise<void> }[] = [
-    { name: 'cursorlog (sync always)', store: new CursorlogTaskStore(grpcA), pids: [cl.child.pid] },
-    { name: 'redis (appendfsync always)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'always')) },
-    { name: 'redis (appendfsync everysec)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'everysec')) },
-  ];
+  const chosen = values.sides!.split(',');
+  const sides: { key: string; name: string; store: TaskStore; pids: (number | undefined)[]; before?: () => Promise<void> }[] = [
+    { key: 'cursorlog', name: 'cursorlog (sync always)', store: new CursorlogTaskStore(grpcA), pids: [cl.child.pid] },
+    { key: 'redis-always', name: 'redis (appendfsync always)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'always')) },
+    { key: 'redis-everysec', name: 'redis (appendfsync everysec)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'everysec')) },
+  ].filter((s) => chosen.includes(s.key));
   // The cluster side: clients given the member list find the leader themselves.
   const cluster = CLUSTER > 0 ? await startCluster(root, CLUSTER) : undefined;
   const grpcCA = cluster && new CursorlogClient({ address: cluster.list, deadlineMs: 30_000 });
@@ -268,7 +274,7 @@ async function main(): Promise<void> {
     await leaderOf(grpcCB);
     viewBefore = clusterView(cluster.list);
     console.error(`cluster ${cluster.list}: leader ${leaderBefore} (${viewBefore})`);
-    sides.push({ name: `cursorlog ${CLUSTER}-member cluster (sync always)`, store: new CursorlogTaskStore(grpcCA), pids: cluster.procs.map((p) => p.child.pid) });
+    sides.push({ key: 'cluster', name: `cursorlog ${CLUSTER}-member cluster (sync always)`, store: new CursorlogTaskStore(grpcCA), pids: cluster.procs.map((p) => p.child.pid) });
   }
   const load = readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
   console.error(`load before: ${load}`);
@@ -299,6 +305,19 @@ async function main(): Promise<void> {
   const viewAfter = cluster ? clusterView(cluster.list) : '';
   const loadAfter = readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
 
+  if (values.json !== undefined) {
+    const rows = [...results.entries()].map(([key, rs]) => {
+      const [name, concurrency] = key.split('|');
+      const side = sides.find((s) => s.name === name)!;
+      return {
+        side: side.key,
+        name,
+        inFlight: Number(concurrency),
+        rounds: rs.map((r) => ({ tasksPerSec: r.tasksPerSec, callsPerSec: r.callsPerSec, serverCpuMsPerTask: r.serverCpuMsPerTask, benchCpuMsPerTask: r.benchCpuMsPerTask })),
+      };
+    });
+    writeFileSync(values.json, JSON.stringify({ rounds: ROUNDS, callsPerTask: 13, rows, gets: { cursorlog: getsCursorlog, redis: getsRedis, cluster: getsCluster } }, null, 2));
+  }
   console.log(`Run ${new Date().toISOString()}, ${ROUNDS} rounds per level, load average before ${load}, after ${loadAfter}.`);
   if (cluster) {
     console.log(`Cluster ${cluster.list}: leader ${leaderBefore} before the rounds (${viewBefore}), ${leaderAfter} after (${viewAfter}).`);
