@@ -1,7 +1,7 @@
 //! Read-after throughput: `Engine::read` in batches of 1024 events from the start of one
 //! stream of 200,704 events of 512 bytes. With 1 MiB segments every event lies in a sealed
 //! segment (read with positional reads since issue 18; the id `sealed_mmap` is kept so the
-//! figures in benches/README.md stay comparable); a second bench reads a stream held in the
+//! figures in benches/HISTORY.md stay comparable); a second bench reads a stream held in the
 //! active segment for comparison. One iteration reads one full batch.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

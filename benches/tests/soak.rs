@@ -5,7 +5,7 @@
 //! of the first third's, no failed operation, no follow call ended under a connected client.
 //! One difference: the append p99 may change by 150 % here, not 10 %. In a 90 s window on a
 //! shared 2-core machine it moved by up to +68 % between thirds of flat runs (fsync and
-//! scheduling noise from other processes; benches/README.md has the figures), so a 10 % bound
+//! scheduling noise from other processes; benches/HISTORY.md has the figures), so a 10 % bound
 //! would fail at random; 150 % still catches a latency that more than doubles. The long run
 //! keeps 10 % for every resource. The p99 is judged on what the server controls: one that
 //! left the band is excused when its ratio to the disk's own fdatasync p99 (the bench's

@@ -541,7 +541,7 @@ impl Inner {
     /// Rewritten in place, with no rename and no fsync: openraft saves the committed entry
     /// on every commit, and a lost, stale or torn value (the CRC tells) only costs
     /// re-applying entries. Replacing the file each time (unlink, create, rename) cost
-    /// replicated appends up to half their throughput (benches/README.md, "Replication
+    /// replicated appends up to half their throughput (benches/HISTORY.md, "Replication
     /// cost"); a write in place of a few bytes under the lock keeps the saves in order.
     fn save_committed_if_durable(&mut self) -> Result<()> {
         let Some(committed) = self.committed else {

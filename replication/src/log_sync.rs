@@ -4,7 +4,7 @@
 //! Why: openraft awaits `append` in its core task. A store that syncs inside `append` holds
 //! the core (and the log, so replication cannot read the new entries) through every
 //! `fdatasync`: the leader's sync and its followers' ran one after the other, and every
-//! batch paid both (benches/README.md, "Flushes off Raft's path"). openraft only needs
+//! batch paid both (benches/HISTORY.md, "Flushes off Raft's path"). openraft only needs
 //! the flushed callback to come after the entries are durable, and in order.
 //!
 //! Order: callbacks fire in the order their appends were written, each after a sync that

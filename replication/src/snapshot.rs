@@ -49,7 +49,7 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 10_000;
 /// Entries openraft keeps below the last snapshot when it purges, by default: a member less
 /// far behind (a restart) is sent entries (AppendEntries); one further behind (wiped, or
 /// down for long) is sent the segment files, as issue 19 item 4 asks. Per GiB the two
-/// measured about alike on a shared 2-core machine (9–20 s/GiB each, benches/README.md
+/// measured about alike on a shared 2-core machine (9–20 s/GiB each, benches/HISTORY.md
 /// "Catch-up of a wiped member").
 pub const KEEP_BELOW_SNAPSHOT_ENTRIES: u64 = 10_000;
 

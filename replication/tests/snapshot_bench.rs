@@ -1,4 +1,4 @@
-//! Catch-up time of a wiped member, per GiB (issue 19 item 8; benches/README.md "Catch-up of
+//! Catch-up time of a wiped member, per GiB (issue 19 item 8; benches/HISTORY.md "Catch-up of
 //! a wiped member"): by entries (the leader's log whole, AppendEntries batches) and by
 //! snapshot (the leader purged: the segment files streamed). Ignored: run in release,
 //! `CURSORLOG_CATCHUP_MB` sets the volume (default 256):
@@ -47,7 +47,7 @@ async fn catch_up_of_a_wiped_member_per_gib() {
     let engine = cluster.nodes[&leader].node.engine().clone();
     // 1 KiB events, 64 per append (64 KiB a request and an entry: openraft's batch of 300
     // entries stays under the transport's 64 MiB message limit; 256 KiB entries exceed it
-    // and catch-up by entries stalls, see benches/README.md).
+    // and catch-up by entries stalls, see benches/HISTORY.md).
     let appends = mb * 16;
     let wrote = Instant::now();
     blocking(&engine, move |e| {

@@ -1,6 +1,6 @@
 //! `AppendStream`: `Append` over one long-lived call. A producer that appends event by event
 //! pays for one HTTP/2 message per event instead of a whole unary call (stream, headers,
-//! trailers, task); measured in `benches/README.md`.
+//! trailers, task); measured in `benches/HISTORY.md`.
 //!
 //! Requests are pipelined: each is validated and queued to the engine as soon as it is read
 //! (so requests of one call share group commits and keep their order), and the answers are

@@ -12,7 +12,7 @@
 
 /// mimalloc rather than glibc malloc: with the writer, acker, flusher and runtime threads
 /// allocating concurrently, glibc's malloc and free were about a third of the append path's
-/// instructions; measured in `benches/README.md`. The `system-allocator` feature keeps
+/// instructions; measured in `benches/HISTORY.md`. The `system-allocator` feature keeps
 /// glibc's, for heap profilers that hook malloc (heaptrack, valgrind).
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]

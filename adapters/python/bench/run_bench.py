@@ -233,7 +233,8 @@ PIDS: dict[str, dict[str, int]] = {}
 
 async def run_round(sessions: list[Session], side: str, n: int) -> Round:
     latencies: list[float] = []
-    pids = PIDS.get(side, {})
+    # This process too: the load generator's own CPU per event.
+    pids = {**PIDS.get(side, {}), "driver": os.getpid()}
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
     start = time.perf_counter()
     counts = await asyncio.gather(*(s.call(n, latencies) for s in sessions))
@@ -269,8 +270,8 @@ async def drive(urls: dict[str, str], calls: int, events: int, rounds: int) -> l
                 s.conn.close()
 
 
-def summarize(results: list[Round]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
+def summarize(results: list[Round]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for side in sorted({r.side for r in results}):
         mine = [r for r in results if r.side == side]
         out[side] = {
@@ -279,7 +280,9 @@ def summarize(results: list[Round]) -> dict[str, dict[str, float]]:
             "p99_ms": statistics.median(r.pct(0.99) for r in mine),
             "frontend_cpu_us_per_event": statistics.median(r.cpu_us_per_event("frontend") for r in mine),
             "store_cpu_us_per_event": statistics.median(r.cpu_us_per_event("store") for r in mine),
+            "driver_cpu_us_per_event": statistics.median(r.cpu_us_per_event("driver") for r in mine),
             "rounds": len(mine),
+            "events_per_s_each_round": [r.events_per_s for r in mine],
         }
     return out
 

@@ -5,7 +5,7 @@
  *
  *   node dist/bench/bench.js --cursorlog-bin ../../target/release/cursorlog \
  *     [--calls 200] [--steps 10] [--delay-ms 0] [--rounds 6] [--data-root DIR] \
- *     [--sides cursorlog,cursorlog-unary-open,cursorlog-stream,redis]
+ *     [--sides cursorlog,cursorlog-unary-open,cursorlog-stream,redis] [--json PATH]
  *
  * Each round: `calls` sessions (created beforehand) each call the `work` tool at once; the
  * tool sends `steps` progress notifications and a result, each through the SDK's transport,
@@ -15,7 +15,7 @@
  * `sendNotification`; latency = receive time - that stamp, so it covers the durable append).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -35,6 +35,7 @@ const { values } = parseArgs({
     'replica-node-args': { type: 'string', default: '' },
     'max-in-flight': { type: 'string', default: '1' },
     sides: { type: 'string', default: 'cursorlog,redis' },
+    json: { type: 'string' },
   },
 });
 const CALLS = Number(values.calls);
@@ -125,6 +126,8 @@ interface Round {
   /** CPU ms per 1000 events of the replica and of the store server. */
   replicaCpu: number;
   storeCpu: number;
+  /** CPU ms per 1000 events of this process (the load generator). */
+  benchCpu: number;
   /** Mean events per AppendBatch call (cursorlog side). */
   batchSize: number;
   /** Streams opened through AppendBatch `open` items during the round (cursorlog side). */
@@ -136,16 +139,18 @@ async function round(side: string, url: string, sessions: string[], base: number
   const statsUrl = url.replace(/\/mcp$/, '/stats');
   const s0 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number; opens: number }) : undefined;
   const c0 = pids.map(cpuMs);
+  const self0 = process.cpuUsage();
   const t0 = now();
   const counts = await Promise.all(sessions.map((sid, i) => call(url, sid, base + i, latencies)));
   const seconds = (now() - t0) / 1000;
   const c1 = pids.map(cpuMs);
+  const self = process.cpuUsage(self0);
   const s1 = side !== 'redis' ? ((await (await fetch(statsUrl, { dispatcher: agent })).json()) as { batches: number; events: number; opens: number }) : undefined;
   const batchSize = s0 && s1 ? (s1.events - s0.events) / (s1.batches - s0.batches) : NaN;
   const batchOpens = s0 && s1 ? s1.opens - s0.opens : NaN;
   const events = counts.reduce((a, b) => a + b, 0);
   const per = (i: number): number => ((c1[i]! - c0[i]!) / events) * 1000;
-  return { side, eventsPerSec: events / seconds, latencies, replicaCpu: per(0), storeCpu: per(1), batchSize, batchOpens };
+  return { side, eventsPerSec: events / seconds, latencies, replicaCpu: per(0), storeCpu: per(1), benchCpu: ((self.user + self.system) / 1000 / events) * 1000, batchSize, batchOpens };
 }
 
 const pct = (sorted: number[], p: number): number => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
@@ -207,6 +212,20 @@ async function main(): Promise<void> {
     for (const side of SIDES) {
       const x = summary[side]!;
       console.log(`| ${side} | ${x.eps.toFixed(0)} | ${x.p50.toFixed(2)} | ${x.p99.toFixed(2)} | ${x.roundsEps.join(', ')} | ${x.replicaCpu.toFixed(0)}, ${x.storeCpu.toFixed(0)} |`);
+    }
+    if (values.json !== undefined) {
+      const perSide = Object.fromEntries(
+        SIDES.map((side) => [
+          side,
+          rounds
+            .filter((x) => x.side === side)
+            .map((x) => {
+              const lat = [...x.latencies].sort((a, b) => a - b);
+              return { eventsPerSec: x.eventsPerSec, p50: pct(lat, 50), p99: pct(lat, 99), replicaCpuMsPer1000: x.replicaCpu, storeCpuMsPer1000: x.storeCpu, benchCpuMsPer1000: x.benchCpu };
+            }),
+        ]),
+      );
+      writeFileSync(values.json, JSON.stringify({ calls: CALLS, steps: STEPS, rounds: ROUNDS, sides: perSide }, null, 2));
     }
     const r = summary['redis'];
     for (const side of SIDES) {

@@ -19,10 +19,13 @@
  * (it follows the `cursorlog-leader` hints to the leader); its server CPU is every member's.
  * `--cluster 0` (the default) runs the three sides above and nothing else.
  *
- * Output: a Markdown table on stdout (medians over rounds, per-call p50/p99 pooled).
+ * `--sides` picks among `cursorlog`, `redis-always`, `redis-everysec` (default: all three).
+ *
+ * Output: a Markdown table on stdout (medians over rounds, per-call p50/p99 pooled); with
+ * `--json PATH`, every round's figures as JSON too.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer as createHttpServer, type IncomingMessage } from 'node:http';
 import { createServer } from 'node:net';
 import type { AddressInfo } from 'node:net';
@@ -49,6 +52,7 @@ const { values } = parseArgs({
     'data-root': { type: 'string', default: join(PACKAGE_DIR, 'bench', 'results') },
     cluster: { type: 'string', default: '0' },
     sides: { type: 'string', default: 'cursorlog,redis-always,redis-everysec' },
+    json: { type: 'string' },
   },
 });
 const ROUNDS = Number(values.rounds);
@@ -309,6 +313,19 @@ async function main(): Promise<void> {
   const viewAfter = cluster ? clusterView(cluster.list) : '';
   const loadAfter = readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
 
+  if (values.json !== undefined) {
+    const rows = [...results.entries()].map(([key, rs]) => {
+      const [name, concurrency] = key.split('|');
+      const side = sides.find((s) => s.name === name)!;
+      return {
+        side: side.key,
+        name,
+        inFlight: Number(concurrency),
+        rounds: rs.map((r) => ({ tasksPerSec: r.tasksPerSec, callsPerSec: r.callsPerSec, serverCpuMsPerTask: r.serverCpuMsPerTask, benchCpuMsPerTask: r.benchCpuMsPerTask })),
+      };
+    });
+    writeFileSync(values.json, JSON.stringify({ rounds: ROUNDS, callsPerTask: 13, rows, gets: { cursorlog: getsCursorlog, redis: getsRedis, cluster: getsCluster } }, null, 2));
+  }
   console.log(`Run ${new Date().toISOString()}, ${ROUNDS} rounds per level, load average before ${load}, after ${loadAfter}.`);
   if (cluster) {
     console.log(`Cluster ${cluster.list}: leader ${leaderBefore} before the rounds (${viewBefore}), ${leaderAfter} after (${viewAfter}).`);

@@ -24,6 +24,7 @@
 //! cargo bench -p cursorlog-rmcp --bench rmcp_load -- --calls 200 --events 20 --rounds 7
 //! ```
 
+mod json_out;
 mod memory_store;
 mod redis_store;
 
@@ -88,6 +89,9 @@ struct Args {
     /// the same run.
     #[arg(long)]
     unary_open_side: bool,
+    /// Write every round's figures (and the store servers' CPU during it) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
     /// cargo bench passes `--bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -479,6 +483,8 @@ async fn main() {
         let _ = round(&http, side, args.events, 0).await; // warm-up
     }
     let mut results: Vec<Vec<RoundResult>> = sides.iter().map(|_| Vec::new()).collect();
+    // Per side, per round: CPU seconds of the cursorlog server and of redis-server.
+    let mut store_cpu: Vec<Vec<(f64, f64)>> = sides.iter().map(|_| Vec::new()).collect();
     let cpu_at_start = (
         _cursorlog_proc.cpu_seconds(),
         _redis_proc.cpu_seconds(),
@@ -491,7 +497,12 @@ async fn main() {
             order.reverse();
         }
         for i in order {
+            let stores_before = (_cursorlog_proc.cpu_seconds(), _redis_proc.cpu_seconds());
             let result = round(&http, &sides[i], args.events, r as u64 + 1).await;
+            store_cpu[i].push((
+                _cursorlog_proc.cpu_seconds() - stores_before.0,
+                _redis_proc.cpu_seconds() - stores_before.1,
+            ));
             println!(
                 "round {} {:<9} {:>7} events in {:.3} s = {:>8.0} events/s  p50 {:>6.2} ms  p99 {:>7.2} ms",
                 r + 1,
@@ -562,6 +573,10 @@ async fn main() {
             cpu,
             cpu * 1e6 / events as f64
         );
+    }
+    if let Some(path) = &args.json {
+        let names: Vec<&str> = sides.iter().map(|s| s.name).collect();
+        json_out::write(path, &args, &names, &results, &store_cpu);
     }
     let stats = c_manager.append_stats();
     println!(

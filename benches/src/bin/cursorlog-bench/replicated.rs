@@ -329,10 +329,54 @@ async fn throughput(cli: &Cli, args: &ReplicatedArgs, bin: &Path) -> Result<bool
         );
         errors += results[k].iter().flatten().map(|m| m.errors).sum::<u64>();
     }
+    if let Some(path) = &cli.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&to_json(args, cli, &results))?,
+        )?;
+        eprintln!("wrote {}", path.display());
+    }
     drop(sides);
     drop(cluster);
     if let Some(note) = single.stop() {
         eprintln!("warning: single node: {note}");
     }
     Ok(errors == 0)
+}
+
+/// Every throughput measurement as JSON (`--json`): per batch size, each side's rounds.
+fn to_json(args: &ReplicatedArgs, cli: &Cli, results: &[[Vec<Measured>; 2]]) -> serde_json::Value {
+    let one = |m: &Measured| {
+        serde_json::json!({
+            "ops_per_sec": m.ops_per_sec,
+            "events_per_sec": m.events_per_sec,
+            "p50_ms": m.p50_ms,
+            "p99_ms": m.p99_ms,
+            "server_cpu_cores": m.server_cpu,
+            "client_cpu_cores": m.client_cpu,
+            // The leader first, then each follower (the single node alone on its side).
+            "server_cpu_cores_each": m.server_cpu_each,
+            "errors": m.errors,
+        })
+    };
+    let batches: Vec<serde_json::Value> = args
+        .batches
+        .iter()
+        .zip(results)
+        .map(|(batch, [single, replicated])| {
+            serde_json::json!({
+                "batch": batch,
+                "single": single.iter().map(one).collect::<Vec<_>>(),
+                "replicated": replicated.iter().map(one).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "workload": "replicated-throughput",
+        "producers": args.producers,
+        "payload": args.payload,
+        "sync": cli.sync,
+        "duration_secs": cli.duration,
+        "batches": batches,
+    })
 }

@@ -47,7 +47,7 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 10.0)]
     pub tolerance_pct: f64,
     /// The same for the append p99 (default: --tolerance-pct). On a shared machine a short
-    /// run's p99 swings far more than its resources do (see benches/README.md). A p99 outside
+    /// run's p99 swings far more than its resources do (see benches/HISTORY.md). A p99 outside
     /// it passes when its ratio to the disk's own fdatasync p99 (the control probe) is inside.
     #[arg(long)]
     pub p99_tolerance_pct: Option<f64>,
