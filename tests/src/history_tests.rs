@@ -542,7 +542,7 @@ fn a_task_history_with_retries_restatements_and_concurrent_writers_is_accepted()
         update(false, 1, None),
         refused(
             Code::FailedPrecondition,
-            "task \"t\" is completed: a task that ended never changes",
+            "task is completed: task \"t\" ended and never changes again",
         ),
     ));
     h.push(op(
@@ -588,7 +588,7 @@ fn not_found_for_an_acknowledged_task_is_rejected() {
         20,
         25,
         update(false, 2, None),
-        refused(Code::NotFound, "task \"t\" not found"),
+        refused(Code::NotFound, "task not found: \"t\""),
     ));
     assert_violation(&h);
 }
@@ -619,4 +619,32 @@ fn an_unknown_task_write_may_have_taken_effect_or_not() {
         },
     ));
     assert_ok(&h);
+}
+
+#[test]
+fn the_servers_task_refusals_parse_as_claims() {
+    // The texts `server/src/status.rs` sends: a change here must change the parser too, or
+    // every such refusal would be an unexplained answer.
+    let claim = |code: Code, message: &str| match refused(code, message) {
+        Answer::Refused { claim, .. } => claim,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        claim(
+            Code::FailedPrecondition,
+            "task is completed: task \"t\" ended and never changes again"
+        ),
+        Claim::TaskEnded { status: Some(3) }
+    );
+    assert_eq!(
+        claim(Code::NotFound, "task not found: \"t\""),
+        Claim::NoTask
+    );
+    assert_eq!(
+        claim(
+            Code::Aborted,
+            "task \"t\" is at version 4, not 3: read it again and retry"
+        ),
+        Claim::TaskVersion(4)
+    );
 }

@@ -375,6 +375,12 @@ fn number_after(text: &str, marker: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// A task's "it ended" refusal (the server says "task is S: task T ended and never changes
+/// again"; the engine's own text is "task T is S: a task that ended never changes").
+fn is_task_ended(message: &str) -> bool {
+    message.starts_with("task ") && message.contains("never changes")
+}
+
 /// The `TaskStatus` number of the status a task-ended message names.
 fn task_status_named(message: &str) -> Option<i32> {
     let t = message.to_ascii_lowercase();
@@ -386,7 +392,7 @@ fn task_status_named(message: &str) -> Option<i32> {
 
 fn parse_claim(code: Code, message: &str) -> Claim {
     match code {
-        Code::FailedPrecondition if !message.contains("a task that ended never changes") => {
+        Code::FailedPrecondition if !is_task_ended(message) => {
             if let Some(current) = number_after(message, "current epoch is ") {
                 Claim::StaleEpoch { current }
             } else if let Some(at) = message.find("is terminated") {
@@ -397,11 +403,9 @@ fn parse_claim(code: Code, message: &str) -> Claim {
                 Claim::Other
             }
         }
-        Code::FailedPrecondition if message.contains("a task that ended never changes") => {
-            Claim::TaskEnded {
-                status: task_status_named(message),
-            }
-        }
+        Code::FailedPrecondition if is_task_ended(message) => Claim::TaskEnded {
+            status: task_status_named(message),
+        },
         Code::Aborted if message.starts_with("task ") => {
             number_after(message, "is at version ").map_or(Claim::Other, Claim::TaskVersion)
         }
