@@ -105,9 +105,7 @@ fn raft_entry(entry: LogEntry) -> io::Result<Entry> {
     let log_id = to_raft(entry.id);
     let payload = match entry.payload {
         Stored::Blank => EntryPayload::Blank,
-        Stored::Records(p) => EntryPayload::Normal(Proposal {
-            records: p.as_bytes().to_vec(),
-        }),
+        Stored::Records(p) => EntryPayload::Normal(Proposal::new(p.into_bytes())),
         Stored::Membership(bytes) => {
             EntryPayload::Membership(codec::decode("membership", &bytes).map_err(io::Error::other)?)
         }
@@ -131,7 +129,12 @@ impl RaftLogReader<TypeConfig> for SegmentLogStore {
             Bound::Excluded(i) => i.saturating_add(1),
             Bound::Unbounded => u64::MAX,
         };
-        let entries = self.blocking(move |log| log.read(from, to)).await?;
+        // New entries (what replication asks for) are answered from the log's tail in
+        // memory, here; older ones are read on a blocking thread.
+        let entries = match self.log.read_cached(from, to) {
+            Some(entries) => entries,
+            None => self.blocking(move |log| log.read(from, to)).await?,
+        };
         entries.into_iter().map(raft_entry).collect()
     }
 
