@@ -343,6 +343,39 @@ impl EntryLog {
         r
     }
 
+    /// [`EntryLog::write`] unless the log is busy (its lock held by another call): `None`
+    /// then, and nothing was written. It does not wait for the lock, so an async caller may
+    /// call it on its own thread and fall back to a blocking thread only when it is busy:
+    /// the write itself is a `pwrite` into the page cache, without a sync.
+    pub fn try_write(&self, entries: &[LogEntry]) -> Option<Result<()>> {
+        let mut inner = self.try_lock()?;
+        if let Err(e) = inner.check_usable() {
+            return Some(Err(e));
+        }
+        let r = inner.append(entries, false);
+        inner.poison_on_io(&r);
+        Some(r)
+    }
+
+    /// [`EntryLog::save_committed`] unless the log is busy: `None` then, and nothing was
+    /// saved (see [`EntryLog::try_write`]).
+    pub fn try_save_committed(&self, committed: EntryId) -> Option<Result<()>> {
+        let mut inner = self.try_lock()?;
+        if inner.committed.is_none_or(|c| c.index < committed.index) {
+            inner.committed = Some(committed);
+        }
+        Some(inner.save_committed_if_durable())
+    }
+
+    /// The log's lock, unless another call holds it.
+    fn try_lock(&self) -> Option<MutexGuard<'_, Inner>> {
+        match self.inner.try_lock() {
+            Ok(inner) => Some(inner),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Makes every entry written so far durable, and returns the last durable entry's
     /// index. The `fdatasync` runs outside the log's lock: reads and writes go on meanwhile
     /// (what they write waits for the next sync).
@@ -408,11 +441,7 @@ impl EntryLog {
     /// It never waits for the log's lock nor does I/O, so an async caller may call it on
     /// its own thread: replication sends new entries without a hop to a blocking thread.
     pub fn read_cached(&self, from: u64, to: u64) -> Option<Vec<LogEntry>> {
-        let inner = match self.inner.try_lock() {
-            Ok(inner) => inner,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let inner = self.try_lock()?;
         let first = inner.purged.map_or(1, |p| p.id.index + 1);
         let (from, to) = (from.max(first), to.min(inner.writer.next().entry));
         inner.tail.entries(from, to)

@@ -173,7 +173,11 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
             return Ok(());
         };
         let id = to_engine(&id);
-        self.blocking(move |log| log.save_committed(id)).await
+        // A write of a few bytes in place: on this thread unless the log is busy.
+        match self.log.try_save_committed(id) {
+            Some(r) => r.map_err(io::Error::other),
+            None => self.blocking(move |log| log.save_committed(id)).await,
+        }
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
@@ -202,7 +206,13 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
             }
         };
         // Written (readable) when `append` returns; flushed when a later sync covers it.
-        match self.blocking(move |log| log.write(&entries)).await {
+        // The write is a `pwrite` into the page cache (no sync): on this thread unless the
+        // log is busy, which saves a hand-off to a blocking thread and back per append.
+        let written = match self.log.try_write(&entries) {
+            Some(r) => r.map_err(io::Error::other),
+            None => self.blocking(move |log| log.write(&entries)).await,
+        };
+        match written {
             Ok(()) => {
                 self.sync.flush_later(callback);
                 Ok(())
