@@ -32,18 +32,23 @@ use crate::error::{CorruptionKind, Error, Result};
 use crate::fs::{FileSystem, StdFs};
 use crate::log::durable_file::{self, Read};
 use crate::log::{Log, LogPoint, LogWriter, Segment, WriteError};
-use crate::record::{encode_frame, Record};
+use bytes::Bytes;
+
+use crate::format::{FrameHeader, BODY_BYTES_MAX, FRAME_HEADER_BYTES};
+use crate::record::{decode_event_view, tag, FrameStamp, Record};
 
 mod cut;
 mod proposal;
 pub(crate) mod read;
 mod retire;
 mod snapshot;
+mod tail;
 
 use cut::Purged;
 pub(crate) use retire::{HeldSegment, LogBase};
 
 pub use proposal::{Proposal, ProposalError, ProposedRecord};
+pub(crate) use proposal::{ProposalBuilder, RECORD_HEAD_BYTES};
 pub use snapshot::{LogSnapshot, SnapshotFile, SnapshotManifest, SnapshotStaging, StagedFile};
 
 use crate::format::{AMNESIAC_FILE, CLUSTER_FILE, VOTE_FILE};
@@ -137,6 +142,8 @@ struct Inner {
     durable: u64,
     /// The committed index the `COMMITTED` file was last given (never above `durable`).
     committed_saved: u64,
+    /// The entries written last, answered without reading the segment (`tail.rs`).
+    tail: tail::Tail,
     _lock: File,
 }
 
@@ -219,6 +226,7 @@ impl EntryLog {
             committed_file: None,
             durable: 0,
             committed_saved: committed.map_or(0, |c| c.index),
+            tail: tail::Tail::default(),
             _lock: lock,
         };
         // Open synced the tail: everything the log holds is durable.
@@ -335,6 +343,39 @@ impl EntryLog {
         r
     }
 
+    /// [`EntryLog::write`] unless the log is busy (its lock held by another call): `None`
+    /// then, and nothing was written. It does not wait for the lock, so an async caller may
+    /// call it on its own thread and fall back to a blocking thread only when it is busy:
+    /// the write itself is a `pwrite` into the page cache, without a sync.
+    pub fn try_write(&self, entries: &[LogEntry]) -> Option<Result<()>> {
+        let mut inner = self.try_lock()?;
+        if let Err(e) = inner.check_usable() {
+            return Some(Err(e));
+        }
+        let r = inner.append(entries, false);
+        inner.poison_on_io(&r);
+        Some(r)
+    }
+
+    /// [`EntryLog::save_committed`] unless the log is busy: `None` then, and nothing was
+    /// saved (see [`EntryLog::try_write`]).
+    pub fn try_save_committed(&self, committed: EntryId) -> Option<Result<()>> {
+        let mut inner = self.try_lock()?;
+        if inner.committed.is_none_or(|c| c.index < committed.index) {
+            inner.committed = Some(committed);
+        }
+        Some(inner.save_committed_if_durable())
+    }
+
+    /// The log's lock, unless another call holds it.
+    fn try_lock(&self) -> Option<MutexGuard<'_, Inner>> {
+        match self.inner.try_lock() {
+            Ok(inner) => Some(inner),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Makes every entry written so far durable, and returns the last durable entry's
     /// index. The `fdatasync` runs outside the log's lock: reads and writes go on meanwhile
     /// (what they write waits for the next sync).
@@ -395,6 +436,17 @@ impl EntryLog {
         inner.read(from, to)
     }
 
+    /// [`EntryLog::read`]'s answer when the entries written last, kept in memory, hold
+    /// `from`, and the log is not busy; `None` otherwise (then [`EntryLog::read`] answers).
+    /// It never waits for the log's lock nor does I/O, so an async caller may call it on
+    /// its own thread: replication sends new entries without a hop to a blocking thread.
+    pub fn read_cached(&self, from: u64, to: u64) -> Option<Vec<LogEntry>> {
+        let inner = self.try_lock()?;
+        let first = inner.purged.map_or(1, |p| p.id.index + 1);
+        let (from, to) = (from.max(first), to.min(inner.writer.next().entry));
+        inner.tail.entries(from, to)
+    }
+
     /// Removes every entry after `keep` (all of them for `None`): a deposed leader's
     /// uncommitted suffix. Whole later segments are unlinked and the active one is cut.
     ///
@@ -405,6 +457,10 @@ impl EntryLog {
         let mut inner = self.lock();
         inner.check_usable()?;
         let r = inner.truncate_after(keep);
+        match &r {
+            Ok(()) => inner.tail.truncate_after(keep.unwrap_or(0)),
+            Err(_) => inner.tail.clear(),
+        }
         inner.poison_on_io(&r);
         // A cut syncs what it keeps; entries it removed are durable no more.
         inner.durable = inner.durable.min(keep.unwrap_or(0));
@@ -426,6 +482,10 @@ impl EntryLog {
         // start: issue 30 item 5, review R7). One synced write per purge.
         inner.save_committed_durably()?;
         let r = inner.purge_through(through);
+        match &r {
+            Ok(()) => inner.tail.drop_through(through.index),
+            Err(_) => inner.tail.clear(),
+        }
         inner.poison_on_io(&r);
         inner.note_durable();
         r
@@ -647,7 +707,7 @@ impl Inner {
             expected.entry += 1;
             expected.prev_term = e.id.term;
         }
-        let decoded = entries
+        let records = entries
             .iter()
             .map(|e| e.payload.records())
             .collect::<Result<Vec<_>>>()?;
@@ -666,24 +726,33 @@ impl Inner {
             self.note_durable();
         }
         let start = self.writer.next();
-        let mut buf = Vec::new();
+        let frame_bytes: usize = records
+            .iter()
+            .flatten()
+            .map(|(_, body)| FRAME_HEADER_BYTES + body.len())
+            .sum();
+        let mut buf = Vec::with_capacity(frame_bytes);
         let mut placed = Vec::with_capacity(entries.len());
-        for (e, records) in entries.iter().zip(&decoded) {
+        for (e, records) in entries.iter().zip(&records) {
             let offset = self.writer.active().len() + buf.len() as u64;
-            for (i, r) in records.iter().enumerate() {
+            for (i, (tag, body)) in records.iter().enumerate() {
                 let stamp = self.writer.stamp_in_term(e.id.term, i, records.len());
-                if let Err(why) = encode_frame(r, stamp, &mut buf) {
+                if let Err(why) = encode_raw_frame(*tag, body, stamp, &mut buf) {
                     self.writer.rewind(start);
                     return Err(Error::invalid("entry", why));
                 }
             }
+            placed.push((offset, self.writer.next().lsn));
             self.writer.advance_in_term(records.len(), e.id.term);
-            placed.push(offset);
         }
         self.flush(&buf, start, sync)?;
+        let segment = self.writer.active().base_lsn();
+        for ((e, records), &(offset, lsn)) in entries.iter().zip(records).zip(&placed) {
+            self.tail.push(e, records, segment, offset, lsn);
+        }
         if let Some(active) = self.offsets.values_mut().next_back() {
             if let Some(o) = active.offsets.as_mut() {
-                o.extend(placed);
+                o.extend(placed.iter().map(|&(offset, _)| offset));
             }
         }
         Ok(())
@@ -756,25 +825,28 @@ impl Inner {
 }
 
 impl EntryPayload {
-    /// The records the entry is written as (at least one).
-    fn records(&self) -> Result<Vec<Record>> {
+    /// The records the entry is written as (at least one), as tag and body: each checked to
+    /// be a record of its type, as a full decode would check it (an event's body, nearly
+    /// every record, is checked in place, without building the record).
+    fn records(&self) -> Result<Vec<(u8, Bytes)>> {
         match self {
-            Self::Blank => Ok(vec![Record::Blank]),
-            Self::Membership(config) => Ok(vec![Record::Membership {
-                config: config.clone(),
-            }]),
+            Self::Blank => Ok(vec![(tag::BLANK, Bytes::new())]),
+            Self::Membership(config) => Ok(vec![(tag::MEMBERSHIP, Bytes::copy_from_slice(config))]),
             Self::Records(p) => {
                 let records = p
-                    .decode()
+                    .raw()
                     .map_err(|e| Error::invalid("entry", e.to_string()))?;
+                for (index, (tag, body)) in records.iter().enumerate() {
+                    check_record(*tag, body).map_err(|why| {
+                        Error::invalid("entry", ProposalError::BadRecord { index, why }.to_string())
+                    })?;
+                }
                 // The log's own kinds are not the engine's to propose (a lone Blank or
                 // Membership record would read back as that kind of entry).
-                match records.iter().position(|r| {
-                    matches!(
-                        r,
-                        Record::Blank | Record::Membership { .. } | Record::Shutdown { .. }
-                    )
-                }) {
+                match records
+                    .iter()
+                    .position(|(t, _)| matches!(*t, tag::BLANK | tag::MEMBERSHIP | tag::SHUTDOWN))
+                {
                     Some(i) => Err(Error::invalid(
                         "entry",
                         format!("record {i} of the proposal is not an engine record"),
@@ -784,6 +856,46 @@ impl EntryPayload {
             }
         }
     }
+}
+
+/// Checks that `body` is a record of type `tag` (what [`Record::decode`] accepts).
+fn check_record(tag: u8, body: &[u8]) -> std::result::Result<(), String> {
+    if tag == tag::EVENT {
+        decode_event_view(body).map(drop)
+    } else {
+        Record::decode(tag, body).map(drop)
+    }
+}
+
+/// Appends one frame of a record of type `tag` with body `body` (encoded already) to `out`.
+fn encode_raw_frame(
+    tag: u8,
+    body: &[u8],
+    stamp: FrameStamp,
+    out: &mut Vec<u8>,
+) -> std::result::Result<(), String> {
+    let body_len = u32::try_from(body.len())
+        .ok()
+        .filter(|n| *n <= BODY_BYTES_MAX)
+        .ok_or_else(|| {
+            format!(
+                "record body of {} bytes exceeds {BODY_BYTES_MAX}",
+                body.len()
+            )
+        })?;
+    let header = FrameHeader {
+        body_len,
+        crc: 0,
+        lsn: stamp.lsn,
+        synced_through: stamp.synced_through,
+        entry: stamp.entry,
+        term: stamp.term,
+        group_left: stamp.group_left,
+        record_type: tag,
+    };
+    out.extend_from_slice(&header.write(body));
+    out.extend_from_slice(body);
+    Ok(())
 }
 
 fn decode_u64(b: &[u8]) -> Option<u64> {

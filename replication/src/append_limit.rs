@@ -165,9 +165,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, n)| Entry {
                     log_id: LogId::new_term_index(3, 10 + i as u64),
-                    payload: openraft::EntryPayload::Normal(Proposal {
-                        records: vec![7; *n],
-                    }),
+                    payload: openraft::EntryPayload::Normal(Proposal::new(vec![7; *n])),
                 })
                 .collect(),
         }

@@ -98,7 +98,7 @@ mod tests {
     }
 
     fn entry(term: u64, index: u64, records: Vec<u8>) -> Entry {
-        Entry::new_normal(log_id(term, index), Proposal { records })
+        Entry::new_normal(log_id(term, index), Proposal::new(records))
     }
 
     #[test]
@@ -180,13 +180,7 @@ mod tests {
             records: Vec<u8>,
         }
         let records: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
-        let new = encode(
-            "new",
-            &Proposal {
-                records: records.clone(),
-            },
-        )
-        .unwrap();
+        let new = encode("new", &Proposal::new(records.clone())).unwrap();
         let old = encode(
             "old",
             &Before {

@@ -105,9 +105,7 @@ fn raft_entry(entry: LogEntry) -> io::Result<Entry> {
     let log_id = to_raft(entry.id);
     let payload = match entry.payload {
         Stored::Blank => EntryPayload::Blank,
-        Stored::Records(p) => EntryPayload::Normal(Proposal {
-            records: p.as_bytes().to_vec(),
-        }),
+        Stored::Records(p) => EntryPayload::Normal(Proposal::new(p.into_bytes())),
         Stored::Membership(bytes) => {
             EntryPayload::Membership(codec::decode("membership", &bytes).map_err(io::Error::other)?)
         }
@@ -131,7 +129,12 @@ impl RaftLogReader<TypeConfig> for SegmentLogStore {
             Bound::Excluded(i) => i.saturating_add(1),
             Bound::Unbounded => u64::MAX,
         };
-        let entries = self.blocking(move |log| log.read(from, to)).await?;
+        // New entries (what replication asks for) are answered from the log's tail in
+        // memory, here; older ones are read on a blocking thread.
+        let entries = match self.log.read_cached(from, to) {
+            Some(entries) => entries,
+            None => self.blocking(move |log| log.read(from, to)).await?,
+        };
         entries.into_iter().map(raft_entry).collect()
     }
 
@@ -170,7 +173,11 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
             return Ok(());
         };
         let id = to_engine(&id);
-        self.blocking(move |log| log.save_committed(id)).await
+        // A write of a few bytes in place: on this thread unless the log is busy.
+        match self.log.try_save_committed(id) {
+            Some(r) => r.map_err(io::Error::other),
+            None => self.blocking(move |log| log.save_committed(id)).await,
+        }
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
@@ -199,7 +206,13 @@ impl RaftLogStorage<TypeConfig> for SegmentLogStore {
             }
         };
         // Written (readable) when `append` returns; flushed when a later sync covers it.
-        match self.blocking(move |log| log.write(&entries)).await {
+        // The write is a `pwrite` into the page cache (no sync): on this thread unless the
+        // log is busy, which saves a hand-off to a blocking thread and back per append.
+        let written = match self.log.try_write(&entries) {
+            Some(r) => r.map_err(io::Error::other),
+            None => self.blocking(move |log| log.write(&entries)).await,
+        };
+        match written {
             Ok(()) => {
                 self.sync.flush_later(callback);
                 Ok(())

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// A node's id in the cluster (stable across restarts, chosen by the operator).
@@ -37,8 +38,33 @@ impl fmt::Display for RaftNode {
 pub struct Proposal {
     /// The encoded records (one byte string on the wire, not a sequence of bytes: issue 31,
     /// the review's leader CPU per event; wire-compatible with the sequence postcard wrote).
-    #[serde(with = "serde_bytes")]
-    pub records: Vec<u8>,
+    /// Shared, not copied, between the writer that built them, openraft, the log's tail
+    /// and each follower's message.
+    #[serde(with = "shared_bytes")]
+    pub records: Bytes,
+}
+
+impl Proposal {
+    /// A proposal of `records` (a `Vec` or [`Bytes`], taken without a copy).
+    pub fn new(records: impl Into<Bytes>) -> Self {
+        Self {
+            records: records.into(),
+        }
+    }
+}
+
+/// [`Bytes`] as one serde byte string (what `serde_bytes` does for a `Vec<u8>`).
+mod shared_bytes {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(b)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        serde_bytes::ByteBuf::deserialize(d).map(|b| Bytes::from(b.into_vec()))
+    }
 }
 
 impl fmt::Display for Proposal {

@@ -168,7 +168,7 @@ async fn write(leader: &Node, range: std::ops::Range<u32>) -> u64 {
             match leader
                 .raft
                 .client_write(Proposal {
-                    records: records(i),
+                    records: records(i).into(),
                 })
                 .await
             {

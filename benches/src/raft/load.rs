@@ -158,7 +158,7 @@ async fn write(
             let (id, raft) = leader.as_ref().ok_or(false)?;
             let records = proposal.as_bytes().to_vec();
             match raft
-                .client_write(cursorlog_replication::Proposal { records })
+                .client_write(cursorlog_replication::Proposal::new(records))
                 .await
             {
                 Ok(_) => Ok(*id),

@@ -107,7 +107,7 @@ pub async fn run_raft(
     let warm = super::load::proposal(9_999).as_bytes().to_vec();
     leader
         .raft
-        .client_write(cursorlog_replication::Proposal { records: warm })
+        .client_write(cursorlog_replication::Proposal::new(warm))
         .await
         .map_err(raft_err)?;
     let term0 = leader.term();

@@ -29,6 +29,7 @@ impl Inner {
         if let Some(k) = key {
             self.offsets.remove(&k);
         }
+        self.tail.clear();
         self.writer.restart_at(to)?;
         self.track_active();
         Ok(())
@@ -106,6 +107,7 @@ impl Inner {
         for (b, _) in &doomed {
             self.offsets.remove(b);
         }
+        self.tail.truncate_after(cut.saturating_sub(1));
         self.writer.restart_at(to)?;
         self.track_active();
         Ok(())

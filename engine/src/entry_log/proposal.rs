@@ -4,13 +4,16 @@
 //! count, then per record `u8` record type tag, `u32` body length, body (FORMAT.md's record
 //! bodies). A proposal is checked before anything is written: every record must decode.
 
-use crate::format::BODY_BYTES_MAX;
-use crate::record::Record;
+use bytes::Bytes;
 
-/// The encoded records of one atomic group.
+use crate::format::BODY_BYTES_MAX;
+
+/// The encoded records of one atomic group. The bytes are shared, not copied, between the
+/// writer that built them, openraft, the log's tail cache and the messages to followers
+/// (issue 31, "a leader that costs little more than a single node").
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Proposal {
-    bytes: Vec<u8>,
+    bytes: Bytes,
 }
 
 /// One record of a proposal, raw: its type tag and body.
@@ -52,10 +55,55 @@ pub enum ProposalError {
     },
 }
 
+/// The bytes a record takes in a proposal besides its body: its tag and body length.
+pub(crate) const RECORD_HEAD_BYTES: usize = 5;
+
+/// A proposal being built record by record (the leader's writer builds each entry's
+/// proposal once, straight from its planned frames).
+#[derive(Debug)]
+pub(crate) struct ProposalBuilder {
+    bytes: Vec<u8>,
+    count: u32,
+}
+
+impl ProposalBuilder {
+    /// An empty proposal with room for `capacity` bytes.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let mut bytes = Vec::with_capacity(capacity.max(4));
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        Self { bytes, count: 0 }
+    }
+
+    /// Appends one record.
+    pub(crate) fn push(&mut self, tag: u8, body: &[u8]) {
+        self.bytes.push(tag);
+        self.bytes
+            .extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+        self.bytes.extend_from_slice(body);
+        self.count = self.count.saturating_add(1);
+    }
+
+    /// The proposal's length in bytes so far.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The proposal built.
+    pub(crate) fn finish(mut self) -> Proposal {
+        self.bytes[..4].copy_from_slice(&self.count.to_le_bytes());
+        Proposal {
+            bytes: Bytes::from(self.bytes),
+        }
+    }
+}
+
 impl Proposal {
-    /// A proposal from its wire bytes (checked when it is written or decoded).
-    pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        Self { bytes }
+    /// A proposal from its wire bytes (checked when it is written or decoded). A `Vec` or
+    /// [`Bytes`] is taken as it is, without a copy.
+    pub fn from_bytes(bytes: impl Into<Bytes>) -> Self {
+        Self {
+            bytes: bytes.into(),
+        }
     }
 
     /// The wire bytes.
@@ -63,64 +111,32 @@ impl Proposal {
         &self.bytes
     }
 
-    /// The wire bytes, taken.
-    pub fn into_bytes(self) -> Vec<u8> {
+    /// The wire bytes, taken (shared, not copied).
+    pub fn into_bytes(self) -> Bytes {
         self.bytes
     }
 
     /// A proposal of raw records (no check: see [`Proposal::records`]).
     pub fn from_records(records: &[ProposedRecord]) -> Self {
-        Self::from_raw(records.iter().map(|r| (r.tag, r.body.clone())).collect())
+        Self::from_raw(records.iter().map(|r| (r.tag, r.body.as_slice())))
     }
 
-    pub(crate) fn from_raw(records: Vec<(u8, Vec<u8>)>) -> Self {
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(
-            &u32::try_from(records.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes(),
-        );
+    pub(crate) fn from_raw<B: AsRef<[u8]>>(records: impl IntoIterator<Item = (u8, B)>) -> Self {
+        let mut b = ProposalBuilder::with_capacity(64);
         for (tag, body) in records {
-            bytes.push(tag);
-            bytes.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
-            bytes.extend_from_slice(&body);
+            b.push(tag, body.as_ref());
         }
-        Self { bytes }
+        b.finish()
     }
 
-    /// The records this proposal holds, as its header says.
-    fn count(&self) -> u32 {
-        self.bytes
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u32::from_le_bytes)
-    }
-
-    /// The bytes of this proposal with `other`'s records appended (see [`Proposal::extend`]).
-    pub(crate) fn merged_len(&self, other: &Self) -> usize {
-        self.bytes.len() + other.bytes.len().saturating_sub(4)
-    }
-
-    /// Appends `other`'s records after this proposal's: one entry carrying consecutive
-    /// groups (applied in order, refused whole).
-    pub(crate) fn extend(&mut self, other: &Self) {
-        if self.bytes.len() < 4 {
-            self.bytes.clone_from(&other.bytes);
-            return;
-        }
-        let count = self.count().saturating_add(other.count());
-        self.bytes[..4].copy_from_slice(&count.to_le_bytes());
-        self.bytes
-            .extend_from_slice(other.bytes.get(4..).unwrap_or_default());
-    }
-
-    /// The raw records.
+    /// The records as tag and body, each body a slice of these bytes (no copy).
     ///
     /// # Errors
     /// The bytes are not a sequence of records (a record's body is not checked).
-    pub fn records(&self) -> Result<Vec<ProposedRecord>, ProposalError> {
-        let mut at = 0usize;
+    pub(crate) fn raw(&self) -> Result<Vec<(u8, Bytes)>, ProposalError> {
         let b = &self.bytes;
+        let mut out = Vec::new();
+        let mut at = 0usize;
         let take = |at: &mut usize, n: usize, index: usize| -> Result<&[u8], ProposalError> {
             let s = b
                 .get(*at..at.saturating_add(n))
@@ -136,7 +152,6 @@ impl Proposal {
         if count == 0 {
             return Err(ProposalError::Empty);
         }
-        let mut out = Vec::new();
         for index in 0..count as usize {
             let tag = take(&mut at, 1, index)?[0];
             let len = u32::from_le_bytes(
@@ -147,8 +162,9 @@ impl Proposal {
             if len > BODY_BYTES_MAX {
                 return Err(ProposalError::TooLarge { index, len });
             }
-            let body = take(&mut at, len as usize, index)?.to_vec();
-            out.push(ProposedRecord { tag, body });
+            let start = at;
+            take(&mut at, len as usize, index)?;
+            out.push((tag, b.slice(start..at)));
         }
         if at != b.len() {
             return Err(ProposalError::Trailing(b.len() - at));
@@ -156,13 +172,29 @@ impl Proposal {
         Ok(out)
     }
 
+    /// The raw records.
+    ///
+    /// # Errors
+    /// The bytes are not a sequence of records (a record's body is not checked).
+    pub fn records(&self) -> Result<Vec<ProposedRecord>, ProposalError> {
+        Ok(self
+            .raw()?
+            .into_iter()
+            .map(|(tag, body)| ProposedRecord {
+                tag,
+                body: body.to_vec(),
+            })
+            .collect())
+    }
+
     /// The records, decoded: what the entry's frames will hold.
-    pub(crate) fn decode(&self) -> Result<Vec<Record>, ProposalError> {
-        self.records()?
+    #[cfg(test)]
+    pub(crate) fn decode(&self) -> Result<Vec<crate::record::Record>, ProposalError> {
+        self.raw()?
             .into_iter()
             .enumerate()
-            .map(|(index, r)| {
-                Record::decode(r.tag, &r.body)
+            .map(|(index, (tag, body))| {
+                crate::record::Record::decode(tag, &body)
                     .map_err(|why| ProposalError::BadRecord { index, why })
             })
             .collect()
@@ -175,24 +207,27 @@ mod tests {
     use crate::record::tag;
 
     #[test]
-    fn merged_proposals_hold_the_records_of_each_in_order() {
-        let one = |body: &[u8]| {
-            Proposal::from_raw(vec![(tag::MEMBERSHIP, body.to_vec()), (tag::BLANK, vec![])])
-        };
-        let (a, b) = (one(b"a"), one(b"bb"));
-        let mut merged = a.clone();
-        assert_eq!(
-            merged.merged_len(&b),
-            a.as_bytes().len() + b.as_bytes().len() - 4
-        );
-        merged.extend(&b);
-        assert_eq!(merged.as_bytes().len(), a.merged_len(&b));
-        let mut expected = a.records().unwrap();
-        expected.extend(b.records().unwrap());
-        assert_eq!(merged.records(), Ok(expected));
-        let mut empty = Proposal::default();
-        empty.extend(&a);
-        assert_eq!(empty, a);
+    fn a_built_proposal_holds_the_records_pushed_in_order() {
+        let mut b = ProposalBuilder::with_capacity(0);
+        b.push(tag::MEMBERSHIP, b"a");
+        b.push(tag::BLANK, b"");
+        b.push(tag::MEMBERSHIP, b"bb");
+        assert_eq!(b.len(), 4 + 3 * RECORD_HEAD_BYTES + 3);
+        let built = b.finish();
+        let raw = Proposal::from_raw(vec![
+            (tag::MEMBERSHIP, b"a".to_vec()),
+            (tag::BLANK, vec![]),
+            (tag::MEMBERSHIP, b"bb".to_vec()),
+        ]);
+        assert_eq!(built, raw);
+        assert_eq!(built.records().unwrap().len(), 3);
+        let bodies: Vec<Vec<u8>> = built
+            .raw()
+            .unwrap()
+            .into_iter()
+            .map(|(_, b)| b.to_vec())
+            .collect();
+        assert_eq!(bodies, vec![b"a".to_vec(), vec![], b"bb".to_vec()]);
     }
 
     #[test]

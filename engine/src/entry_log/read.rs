@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::{EntryId, EntryPayload, Inner, LogEntry, Proposal};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
@@ -33,7 +35,12 @@ impl Inner {
     /// Purged entries are not returned (openraft asks only for what it did not purge).
     pub(super) fn read(&mut self, from: u64, to: u64) -> Result<Vec<LogEntry>> {
         let first = self.purged.map_or(1, |p| p.id.index + 1);
-        self.each_entry(from.max(first), to, read_entry)
+        let (from, to) = (from.max(first), to.min(self.writer.next().entry));
+        // The same answer as `EntryLog::read_cached`'s.
+        if let Some(cached) = self.tail.entries(from, to) {
+            return Ok(cached);
+        }
+        self.each_entry(from, to, read_entry)
     }
 
     /// The entries with indexes in `from..to` that the log holds, frame by frame with
@@ -45,6 +52,10 @@ impl Inner {
         from: u64,
         to: u64,
     ) -> Result<Vec<(EntryId, Vec<PlacedFrame>)>> {
+        let to = to.min(self.writer.next().entry);
+        if let Some(cached) = self.tail.placed(from, to) {
+            return Ok(cached);
+        }
         self.each_entry(from, to, read_frames)
     }
 
@@ -144,7 +155,7 @@ pub(crate) struct PlacedFrame {
     pub lsn: u64,
     pub position: Position,
     pub tag: u8,
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 /// Reads the frames of the entry whose first frame is at `offset`, checking that each
@@ -181,7 +192,7 @@ fn read_frames(
                 len: u32::try_from(header.frame_len()).unwrap_or(u32::MAX),
             },
             tag: header.record_type,
-            body: body.to_vec(),
+            body: Bytes::copy_from_slice(body),
         });
         offset += header.frame_len();
         if header.group_left == 0 {
@@ -203,11 +214,12 @@ pub(super) fn read_entry(
     index: u64,
 ) -> Result<LogEntry> {
     let (id, frames) = read_frames(seg, ahead, offset, index)?;
-    let records: Vec<(u8, Vec<u8>)> = frames.into_iter().map(|f| (f.tag, f.body)).collect();
-    let payload = match records.as_slice() {
-        [(crate::record::tag::BLANK, _)] => EntryPayload::Blank,
-        [(crate::record::tag::MEMBERSHIP, config)] => EntryPayload::Membership(config.clone()),
-        _ => EntryPayload::Records(Proposal::from_raw(records)),
+    let payload = match frames.as_slice() {
+        [f] if f.tag == crate::record::tag::BLANK => EntryPayload::Blank,
+        [f] if f.tag == crate::record::tag::MEMBERSHIP => EntryPayload::Membership(f.body.to_vec()),
+        _ => EntryPayload::Records(Proposal::from_raw(
+            frames.into_iter().map(|f| (f.tag, f.body)),
+        )),
     };
     Ok(LogEntry { id, payload })
 }

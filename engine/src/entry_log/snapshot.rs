@@ -398,6 +398,8 @@ impl Inner {
     }
 
     fn install(&mut self, staging: &SnapshotStaging, stop: InstallStep) -> Result<()> {
+        // The log is being replaced: nothing of the old one is answered from memory.
+        self.tail.clear();
         let manifest = &staging.manifest;
         check_staged(self.fs.as_ref(), &self.dir, manifest)?;
         durable_file::write(

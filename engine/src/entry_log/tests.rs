@@ -453,3 +453,39 @@ fn written_entries_are_readable_before_the_sync_and_a_roll_makes_them_durable() 
     assert_eq!(log.lock().durable, 11);
     assert_eq!(log.sync().unwrap(), 12);
 }
+
+/// What the log answers from its tail in memory is what it answers from its segments: the
+/// same entries and the same placed frames, after appends, a cut suffix, a purge, and
+/// across segments.
+#[test]
+fn the_tail_in_memory_answers_as_the_segments_do() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = EntryLog::open(config(dir.path())).expect("open");
+    log.write(&entries(1, 1, 20)).expect("write");
+    log.sync().expect("sync");
+    log.save_committed(EntryId { term: 1, index: 12 })
+        .expect("commit");
+    log.write(&entries(1, 20, 30)).expect("write");
+    // A cut suffix, replaced in a later term.
+    log.truncate_after(Some(25)).expect("cut");
+    log.write(&entries(2, 26, 34)).expect("write");
+    log.sync().expect("sync");
+    log.purge_through(EntryId { term: 1, index: 3 })
+        .expect("purge");
+    let cached_placed = log.read_placed(4, 34).expect("placed");
+    let cached = log.read(1, 40).expect("read");
+    assert_eq!(
+        log.read_cached(30, 40).map(|v| ids(&v)),
+        Some(ids(&cached[26..]))
+    );
+    drop(log);
+    let log = EntryLog::open(config(dir.path())).expect("reopen");
+    assert!(
+        log.read_cached(30, 40).is_none(),
+        "a reopened log holds no tail"
+    );
+    assert_eq!(log.read(1, 40).expect("read"), cached);
+    assert_eq!(ids(&cached).first(), Some(&(1, 4)));
+    assert_eq!(ids(&cached).last(), Some(&(2, 33)));
+    assert_eq!(log.read_placed(4, 34).expect("placed"), cached_placed);
+}

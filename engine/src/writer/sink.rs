@@ -19,8 +19,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::entry_log::{EntryLog, Proposal};
+use crate::entry_log::{EntryLog, Proposal, ProposalBuilder, RECORD_HEAD_BYTES};
 use crate::error::{Error, Result};
+use crate::format::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::log::{LogPoint, LogWriter, WriteError};
 use crate::propose::Proposer;
 use crate::record::FrameStamp;
@@ -36,9 +37,9 @@ pub(crate) struct Proposals {
     log: EntryLog,
     /// The LSN the next planned record is predicted to get.
     next_lsn: u64,
-    /// The entries of this batch so far: their proposals, and which of the batch's groups
-    /// (numbered from its first) each holds.
-    entries: Vec<(Proposal, Range<usize>)>,
+    /// The entries of this batch so far: their proposals (being built), and which of the
+    /// batch's groups (numbered from its first) each holds.
+    entries: Vec<(ProposalBuilder, Range<usize>)>,
     /// The most proposal bytes an entry of several groups holds.
     entry_bytes_max: usize,
 }
@@ -76,7 +77,10 @@ impl Proposals {
     /// The entries of this batch, taken: their proposals, and which of the batch's groups
     /// each holds (consecutive ranges from 0, one per entry, in order).
     pub(crate) fn take(&mut self) -> (Vec<Proposal>, Vec<Range<usize>>) {
-        std::mem::take(&mut self.entries).into_iter().unzip()
+        std::mem::take(&mut self.entries)
+            .into_iter()
+            .map(|(entry, groups)| (entry.finish(), groups))
+            .unzip()
     }
 
     /// How many groups this batch planned so far.
@@ -84,17 +88,31 @@ impl Proposals {
         self.entries.last().map_or(0, |(_, groups)| groups.end)
     }
 
-    /// Adds the next planned group: to the last entry while it fits under the cap, else as
-    /// a new entry.
-    fn push_group(&mut self, group: Proposal) {
+    /// Adds the next planned group, of `count` records framed as `frames`: to the last
+    /// entry while it fits under the cap, else as a new entry. Each body is copied once,
+    /// from the frames into the entry's proposal (the frames were just encoded by the
+    /// planner: their CRCs are not checked again).
+    fn push_group(&mut self, frames: &[u8], count: usize) -> Result<()> {
+        let records = planned_records(frames, count)?;
+        // The group's records as a proposal of their own would take this many bytes.
+        let bytes = 4 + records
+            .iter()
+            .map(|(_, body)| RECORD_HEAD_BYTES + body.len())
+            .sum::<usize>();
         let n = self.len();
-        match self.entries.last_mut() {
-            Some((entry, groups)) if entry.merged_len(&group) <= self.entry_bytes_max => {
-                entry.extend(&group);
-                groups.end = n + 1;
-            }
-            _ => self.entries.push((group, n..n + 1)),
+        let fits = matches!(self.entries.last(),
+            Some((entry, _)) if entry.len() + bytes - 4 <= self.entry_bytes_max);
+        if !fits {
+            self.entries
+                .push((ProposalBuilder::with_capacity(bytes), n..n));
         }
+        if let Some((entry, groups)) = self.entries.last_mut() {
+            groups.end = n + 1;
+            for (tag, body) in records {
+                entry.push(tag, body);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -173,7 +191,7 @@ impl Sink {
                 Ok(())
             }
             Self::Proposals(p) => {
-                p.push_group(proposal_of_frames(frames, count)?);
+                p.push_group(frames, count)?;
                 p.next_lsn += count as u64;
                 Ok(())
             }
@@ -219,20 +237,24 @@ impl Sink {
     }
 }
 
-/// The proposal of one planned group from its encoded frames (header, then body, each).
-fn proposal_of_frames(frames: &[u8], count: usize) -> Result<Proposal> {
-    use crate::format::FRAME_HEADER_BYTES;
+/// The records of one planned group from its encoded frames (header, then body, each): tag
+/// and body, the body a slice of `frames`.
+fn planned_records(frames: &[u8], count: usize) -> Result<Vec<(u8, &[u8])>> {
     let mut records = Vec::with_capacity(count);
     let mut at = 0usize;
     while at < frames.len() {
-        let header = crate::record::check_frame(&frames[at..])
-            .map_err(|e| Error::Internal(format!("a planned frame does not check: {e:?}")))?;
+        let header = frames
+            .get(at..at + FRAME_HEADER_BYTES)
+            .and_then(|h| h.try_into().ok())
+            .map(FrameHeader::read)
+            .ok_or_else(|| Error::Internal("a planned frame header is cut short".into()))?;
+        debug_assert!(crate::record::check_frame(&frames[at..]).is_ok());
         let body_at = at + FRAME_HEADER_BYTES;
         let end = body_at + header.body_len as usize;
         let body = frames
             .get(body_at..end)
             .ok_or_else(|| Error::Internal("a planned frame is cut short".into()))?;
-        records.push((header.record_type, body.to_vec()));
+        records.push((header.record_type, body));
         at = end;
     }
     if records.len() != count {
@@ -241,5 +263,5 @@ fn proposal_of_frames(frames: &[u8], count: usize) -> Result<Proposal> {
             records.len()
         )));
     }
-    Ok(Proposal::from_raw(records))
+    Ok(records)
 }

@@ -131,7 +131,7 @@ pub async fn write_until_acked(
             continue;
         };
         let proposal = Proposal {
-            records: bytes.to_vec(),
+            records: bytes.to_vec().into(),
         };
         match tokio::time::timeout(WRITE_TIMEOUT, raft.client_write(proposal)).await {
             Ok(Ok(resp)) => {

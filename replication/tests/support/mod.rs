@@ -198,7 +198,7 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
                 match entry.payload {
                     EntryPayload::Blank => {}
                     EntryPayload::Normal(proposal) => {
-                        inner.applied.proposals.push(proposal.records);
+                        inner.applied.proposals.push(proposal.records.to_vec());
                     }
                     EntryPayload::Membership(m) => {
                         inner.applied.membership =

@@ -60,7 +60,10 @@ fn placed(log: &EntryLog, from: u64, to: u64) -> Vec<Placed> {
         .map(|(id, frames)| {
             (
                 id,
-                frames.into_iter().map(|f| (f.lsn, f.tag, f.body)).collect(),
+                frames
+                    .into_iter()
+                    .map(|f| (f.lsn, f.tag, f.body.to_vec()))
+                    .collect(),
             )
         })
         .collect()
