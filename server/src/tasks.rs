@@ -7,6 +7,9 @@
 //! ListTasks) first await [`TasksService::linearizable`], as `Resolve` and `Read` do, so a
 //! read right after a write through any replica sees it; they then read the index on the
 //! blocking pool.
+//!
+//! `TaskStream` (`crate::task_stream`) runs the same calls, through these very methods, as
+//! messages of one long-lived call.
 
 use std::sync::Arc;
 

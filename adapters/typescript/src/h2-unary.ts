@@ -9,8 +9,9 @@
  * exactly that on one HTTP/2 session per member, with the same message encoding (proto-loader's
  * serializers), the same deadline (`grpc-timeout` plus a local timer), and failures shaped as
  * grpc-js shapes them (`code`, `details`, `metadata`), so {@link CursorlogClient} routes and
- * retries them unchanged. Streaming calls (`Read`, `WatchTask`, `AppendStream`) and TLS stay on
- * grpc-js.
+ * retries them unchanged. The task calls' `TaskStream` (`task-stream.ts`) shares this session
+ * ({@link H2UnaryChannel.openStream}); the other streaming calls (`Read`, `WatchTask`,
+ * `AppendStream`) and TLS stay on grpc-js.
  */
 import * as http2 from 'node:http2';
 import * as grpc from '@grpc/grpc-js';
