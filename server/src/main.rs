@@ -39,6 +39,7 @@ mod reader;
 mod serve;
 mod service;
 mod status;
+mod task_stream;
 mod task_watch;
 mod tasks;
 

@@ -319,6 +319,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         engine.clone(),
         node.clone(),
         Arc::clone(&metrics.reads),
+        shutdown_rx.clone(),
     ))
     .max_decoding_message_size(args.grpc_message_bytes_max)
     .max_encoding_message_size(args.grpc_message_bytes_max);

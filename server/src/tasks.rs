@@ -7,6 +7,9 @@
 //! ListTasks) first await [`TasksService::linearizable`], as `Resolve` and `Read` do, so a
 //! read right after a write through any replica sees it; they then read the index on the
 //! blocking pool.
+//!
+//! `TaskStream` (`crate::task_stream`) runs the same calls, through these very methods, as
+//! messages of one long-lived call.
 
 use std::sync::Arc;
 
@@ -14,7 +17,8 @@ use cursorlog_engine::Engine;
 use cursorlog_proto::v1 as pb;
 use cursorlog_proto::v1::tasks_server::Tasks;
 use cursorlog_replication::ReplicatedNode;
-use tonic::{Request, Response, Status};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::task as convert;
 use crate::read_slots::ReadSlots;
@@ -31,17 +35,32 @@ pub struct TasksService {
     /// The cap on long-lived reads (`--read-calls-max`): a WatchTask holds a slot for its
     /// life, as a following Read does, so watches cannot grow without bound.
     reads: Arc<ReadSlots>,
+    /// Becomes `true` when the server shuts down: a `TaskStream` then ends UNAVAILABLE.
+    shutdown: watch::Receiver<bool>,
 }
 
 impl TasksService {
     /// The service over `engine` of a single node (`cluster` `None`) or of a member of a
-    /// replicated cluster; watches take their slots from `reads`, shared with `Read`.
-    pub fn new(engine: Engine, cluster: Option<ReplicatedNode>, reads: Arc<ReadSlots>) -> Self {
+    /// replicated cluster; watches take their slots from `reads`, shared with `Read`;
+    /// `TaskStream` calls end when `shutdown` becomes `true`.
+    pub fn new(
+        engine: Engine,
+        cluster: Option<ReplicatedNode>,
+        reads: Arc<ReadSlots>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
         Self {
             engine,
             cluster,
             reads,
+            shutdown,
         }
+    }
+
+    /// The leader's address as this member knows it (`None` on a single node, or when it
+    /// knows of none).
+    pub fn leader_addr(&self) -> Option<String> {
+        self.cluster.as_ref().and_then(ReplicatedNode::leader_addr)
     }
 
     /// On a cluster member: waits until a read here is linearizable (this node leads, a
@@ -272,5 +291,19 @@ impl Tasks for TasksService {
             .await
             .map_err(|e| status::from_engine(&e))?;
         Ok(Response::new(convert::routed(r)))
+    }
+
+    type TaskStreamStream = crate::task_stream::Answers;
+
+    async fn task_stream(
+        &self,
+        request: Request<Streaming<pb::TaskStreamRequest>>,
+    ) -> Result<Response<Self::TaskStreamStream>, Status> {
+        Ok(Response::new(crate::task_stream::serve(
+            self.clone(),
+            self.cluster.clone(),
+            request.into_inner(),
+            self.shutdown.clone(),
+        )))
     }
 }

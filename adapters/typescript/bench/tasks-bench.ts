@@ -61,11 +61,14 @@ const GETS = Number(values.gets);
 const CLUSTER = Number(values.cluster);
 /**
  * Which single-node sides run (`--sides cursorlog` alone, e.g. under `node --cpu-prof`); the
- * `tasks/get` table needs both `cursorlog` and `redis-always`. `cursorlog-grpc-js` (not run by
+ * `tasks/get` table needs both `cursorlog` and `redis-always`. `cursorlog` sends the task calls
+ * on one `TaskStream` call per member; `cursorlog-unary` (not run by default) the same server
+ * through a client with `taskTransport: 'unary'` (one unary call per task call, on node:http2),
+ * as every release before `TaskStream` did. `cursorlog-grpc-js` (not run by
  * default) is the same server through a client whose unary calls go through grpc-js.
  */
 const SIDES = new Set(values.sides!.split(',').map((s) => s.trim()));
-for (const s of SIDES) if (!['cursorlog', 'cursorlog-grpc-js', 'redis-always', 'redis-everysec'].includes(s)) throw new Error(`--sides: unknown side ${s}`);
+for (const s of SIDES) if (!['cursorlog', 'cursorlog-unary', 'cursorlog-grpc-js', 'redis-always', 'redis-everysec'].includes(s)) throw new Error(`--sides: unknown side ${s}`);
 if (!Number.isInteger(CLUSTER) || (CLUSTER !== 0 && CLUSTER < 3)) throw new Error(`--cluster ${values.cluster}: 0 (off) or a member count of at least 3`);
 
 async function freePort(): Promise<number> {
@@ -265,8 +268,10 @@ async function main(): Promise<void> {
   const grpcA = new CursorlogClient({ address, deadlineMs: 30_000 });
   const grpcB = new CursorlogClient({ address, deadlineMs: 30_000 });
   const grpcJs = new CursorlogClient({ address, deadlineMs: 30_000, unaryTransport: 'grpc-js' });
+  const grpcUnary = new CursorlogClient({ address, deadlineMs: 30_000, taskTransport: 'unary' });
   const sides: { key: string; name: string; store: TaskStore; pids: (number | undefined)[]; before?: () => Promise<void> }[] = [
     { key: 'cursorlog', name: 'cursorlog (sync always)', store: new CursorlogTaskStore(grpcA), pids: [cl.child.pid] },
+    { key: 'cursorlog-unary', name: 'cursorlog, one unary call per task call (sync always)', store: new CursorlogTaskStore(grpcUnary), pids: [cl.child.pid] },
     { key: 'cursorlog-grpc-js', name: 'cursorlog, unary calls through grpc-js (sync always)', store: new CursorlogTaskStore(grpcJs), pids: [cl.child.pid] },
     { key: 'redis-always', name: 'redis (appendfsync always)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'always')) },
     { key: 'redis-everysec', name: 'redis (appendfsync everysec)', store: new RedisTaskStore(redis), pids: [rd.child.pid], before: async () => void (await redis.config('SET', 'appendfsync', 'everysec')) },
@@ -355,6 +360,7 @@ async function main(): Promise<void> {
   grpcA.close();
   grpcB.close();
   grpcJs.close();
+  grpcUnary.close();
   grpcCA?.close();
   grpcCB?.close();
   redis.disconnect();

@@ -9,6 +9,7 @@ import { loadClientConstructor, loadTasksConstructor, TASK_RPCS, type AppendResp
 export type AllRpcs = Rpcs & TaskRpcs;
 import { mayRetry, Router, type BackoffOptions, type RetryHint } from './router.js';
 import { H2UnaryChannel, type UnaryMethod } from './h2-unary.js';
+import { STREAM_CALLS, TaskStreamChannel, TaskStreamUnsupported, type StreamMethod } from './task-stream.js';
 
 /** One answer of `AppendStream`. */
 export interface AppendResultMessage {
@@ -61,6 +62,14 @@ export interface ClientOptions extends BackoffOptions {
    * Streaming calls always use grpc-js.
    */
   unaryTransport?: 'http2' | 'grpc-js';
+  /**
+   * How task calls (`CreateTask`, `GetTask`, … every `Tasks` RPC but `WatchTask`) travel with
+   * the `'http2'` unary transport: `'stream'` (the default) as messages of one long-lived
+   * `TaskStream` call per member (see `task-stream.ts`: a fraction of a unary call's CPU on
+   * both sides), falling back to unary calls on a server without it; `'unary'` one unary call
+   * each. With the `'grpc-js'` transport they are always unary.
+   */
+  taskTransport?: 'stream' | 'unary';
 }
 
 /** The `cursorlog-leader` and `cursorlog-retry` headers of a failed call. */
@@ -98,6 +107,8 @@ export class CursorlogClient {
   private readonly taskChannels = new Map<string, grpc.Client>();
   /** Unary calls on `node:http2`, one session per member (`undefined`: unary calls use grpc-js). */
   private readonly h2: Map<string, H2UnaryChannel> | undefined;
+  /** `TaskStream` calls, one channel per member (`undefined`: task calls are unary). */
+  private readonly taskStreams: Map<string, TaskStreamChannel> | undefined;
   /** Headers of every `node:http2` call (the token's). */
   private readonly h2Headers: Record<string, string> = {};
   private readonly credentials: grpc.ChannelCredentials;
@@ -116,6 +127,7 @@ export class CursorlogClient {
     this.deadlineMs = options.deadlineMs ?? 10_000;
     if (options.unaryTransport === 'http2' && options.credentials !== undefined) throw new RangeError("unaryTransport 'http2' is plain text only: leave it unset with credentials");
     this.h2 = (options.unaryTransport ?? (options.credentials === undefined ? 'http2' : 'grpc-js')) === 'http2' ? new Map() : undefined;
+    this.taskStreams = this.h2 !== undefined && (options.taskTransport ?? 'stream') === 'stream' ? new Map() : undefined;
     if (options.token !== undefined) this.h2Headers['authorization'] = `Bearer ${options.token}`;
     this.channel(this.router.current);
   }
@@ -194,6 +206,32 @@ export class CursorlogClient {
   }
 
   private once<K extends keyof AllRpcs>(address: string, rpc: K, request: AllRpcs[K][0], deadline: number): Promise<AllRpcs[K][1]> {
+    if (this.h2 !== undefined && this.taskStreams !== undefined && STREAM_CALLS.has(rpc)) {
+      const stream = this.taskStream(this.h2, this.taskStreams, address);
+      if (stream !== undefined && !stream.unsupported) {
+        return stream.call(rpc, request, deadline).catch((error: unknown) => {
+          // The member has no TaskStream: nothing was handled; this call (and every later one) goes unary.
+          if (error instanceof TaskStreamUnsupported) return this.unary(address, rpc, request, deadline);
+          throw error;
+        }) as Promise<AllRpcs[K][1]>;
+      }
+    }
+    return this.unary(address, rpc, request, deadline);
+  }
+
+  /** The `TaskStream` channel to one member, or `undefined` when the proto has no `TaskStream`. */
+  private taskStream(h2: Map<string, H2UnaryChannel>, streams: Map<string, TaskStreamChannel>, address: string): TaskStreamChannel | undefined {
+    let channel = streams.get(address);
+    if (channel === undefined) {
+      const definition = (this.taskChannel(address).constructor as unknown as { service?: Record<string, StreamMethod> }).service?.['TaskStream'];
+      if (definition === undefined) return undefined;
+      channel = new TaskStreamChannel(this.h2Channel(h2, address), definition, 64 * 1024 * 1024);
+      streams.set(address, channel);
+    }
+    return channel;
+  }
+
+  private unary<K extends keyof AllRpcs>(address: string, rpc: K, request: AllRpcs[K][0], deadline: number): Promise<AllRpcs[K][1]> {
     const client = TASK_RPCS.has(rpc) ? this.taskChannel(address) : this.channel(address);
     if (this.h2 !== undefined) {
       const definition = (client.constructor as unknown as { service?: Record<string, UnaryMethod> }).service?.[rpc];
@@ -285,6 +323,8 @@ export class CursorlogClient {
     this.closed = true;
     for (const client of this.channels.values()) client.close();
     for (const client of this.taskChannels.values()) client.close();
+    for (const stream of this.taskStreams?.values() ?? []) stream.close();
+    this.taskStreams?.clear();
     for (const channel of this.h2?.values() ?? []) channel.close();
     this.h2?.clear();
     this.channels.clear();

@@ -9,8 +9,9 @@
  * exactly that on one HTTP/2 session per member, with the same message encoding (proto-loader's
  * serializers), the same deadline (`grpc-timeout` plus a local timer), and failures shaped as
  * grpc-js shapes them (`code`, `details`, `metadata`), so {@link CursorlogClient} routes and
- * retries them unchanged. Streaming calls (`Read`, `WatchTask`, `AppendStream`) and TLS stay on
- * grpc-js.
+ * retries them unchanged. The task calls' `TaskStream` (`task-stream.ts`) shares this session
+ * ({@link H2UnaryChannel.openStream}); the other streaming calls (`Read`, `WatchTask`,
+ * `AppendStream`) and TLS stay on grpc-js.
  */
 import * as http2 from 'node:http2';
 import * as grpc from '@grpc/grpc-js';
@@ -53,7 +54,7 @@ const KEEPALIVE_MS = 30_000;
 const KEEPALIVE_TIMEOUT_MS = 20_000;
 
 /** `grpc-message` is percent-encoded (gRPC over HTTP/2). */
-function decodeMessage(raw: unknown): string {
+export function decodeMessage(raw: unknown): string {
   if (typeof raw !== 'string') return '';
   try {
     return decodeURIComponent(raw);
@@ -63,7 +64,7 @@ function decodeMessage(raw: unknown): string {
 }
 
 /** The response headers and trailers as grpc-js `Metadata` (pseudo-headers and transport headers left out). */
-function metadataOf(...sets: (http2.IncomingHttpHeaders | undefined)[]): grpc.Metadata {
+export function metadataOf(...sets: (http2.IncomingHttpHeaders | undefined)[]): grpc.Metadata {
   const md = new grpc.Metadata();
   for (const headers of sets) {
     if (headers === undefined) continue;
@@ -132,7 +133,8 @@ export class H2UnaryChannel {
     return session;
   }
 
-  private begin(session: http2.ClientHttp2Session): void {
+  /** Keeps `session` (and the process) alive, with keepalive pings, until the matching {@link end}: one per call in flight. */
+  begin(session: http2.ClientHttp2Session): void {
     if (this.active++ === 0) {
       session.ref();
       if (this.keepalive === undefined) {
@@ -142,7 +144,8 @@ export class H2UnaryChannel {
     }
   }
 
-  private end(session: http2.ClientHttp2Session): void {
+  /** A call on `session` ended (see {@link begin}). */
+  end(session: http2.ClientHttp2Session): void {
     if (--this.active === 0) {
       if (!session.destroyed) session.unref();
       if (this.keepalive !== undefined) clearInterval(this.keepalive);
@@ -279,6 +282,31 @@ export class H2UnaryChannel {
       });
       stream.end(body);
     });
+  }
+
+  /** Whether this channel was closed. */
+  get isClosed(): boolean {
+    return this.closed;
+  }
+
+  /** Whether the session in use completed its connection (a stream failing before that sent nothing). */
+  get isConnected(): boolean {
+    return this.connected;
+  }
+
+  /**
+   * Opens a long-lived gRPC call (`TaskStream`, see `task-stream.ts`) on this member's session:
+   * the stream and its session, or throws when no stream can be opened (nothing was sent).
+   */
+  openStream(path: string): { session: http2.ClientHttp2Session; stream: http2.ClientHttp2Stream } {
+    const session = this.open();
+    try {
+      const stream = session.request({ ...this.base, [HTTP2_HEADER_PATH]: path }, { endStream: false });
+      return { session, stream };
+    } catch (error) {
+      if (this.session === session) this.session = undefined;
+      throw error;
+    }
   }
 
   /** Takes no new calls; calls in flight finish (as grpc-js's `close`), then the session closes. */

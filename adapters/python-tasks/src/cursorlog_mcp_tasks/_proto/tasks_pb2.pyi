@@ -431,3 +431,81 @@ class DequeueTaskMessagesResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[QueuedTaskMessage]
     duplicate: bool
     def __init__(self, messages: _Optional[_Iterable[_Union[QueuedTaskMessage, _Mapping]]] = ..., duplicate: bool = ...) -> None: ...
+
+class TaskStreamRequest(_message.Message):
+    __slots__ = ("id", "create_task", "get_task", "list_tasks", "update_task", "request_input", "answer_input", "cancel_task", "finish_task", "delete_task", "keep_alive_task", "enqueue_task_message", "dequeue_task_messages", "route_task_message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TASK_FIELD_NUMBER: _ClassVar[int]
+    GET_TASK_FIELD_NUMBER: _ClassVar[int]
+    LIST_TASKS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TASK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_INPUT_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_INPUT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_TASK_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TASK_FIELD_NUMBER: _ClassVar[int]
+    DELETE_TASK_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_TASK_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUE_TASK_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DEQUEUE_TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_TASK_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    create_task: CreateTaskRequest
+    get_task: GetTaskRequest
+    list_tasks: ListTasksRequest
+    update_task: UpdateTaskRequest
+    request_input: RequestInputRequest
+    answer_input: AnswerInputRequest
+    cancel_task: CancelTaskRequest
+    finish_task: FinishTaskRequest
+    delete_task: DeleteTaskRequest
+    keep_alive_task: KeepAliveTaskRequest
+    enqueue_task_message: EnqueueTaskMessageRequest
+    dequeue_task_messages: DequeueTaskMessagesRequest
+    route_task_message: RouteTaskMessageRequest
+    def __init__(self, id: _Optional[int] = ..., create_task: _Optional[_Union[CreateTaskRequest, _Mapping]] = ..., get_task: _Optional[_Union[GetTaskRequest, _Mapping]] = ..., list_tasks: _Optional[_Union[ListTasksRequest, _Mapping]] = ..., update_task: _Optional[_Union[UpdateTaskRequest, _Mapping]] = ..., request_input: _Optional[_Union[RequestInputRequest, _Mapping]] = ..., answer_input: _Optional[_Union[AnswerInputRequest, _Mapping]] = ..., cancel_task: _Optional[_Union[CancelTaskRequest, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskRequest, _Mapping]] = ..., delete_task: _Optional[_Union[DeleteTaskRequest, _Mapping]] = ..., keep_alive_task: _Optional[_Union[KeepAliveTaskRequest, _Mapping]] = ..., enqueue_task_message: _Optional[_Union[EnqueueTaskMessageRequest, _Mapping]] = ..., dequeue_task_messages: _Optional[_Union[DequeueTaskMessagesRequest, _Mapping]] = ..., route_task_message: _Optional[_Union[RouteTaskMessageRequest, _Mapping]] = ...) -> None: ...
+
+class TaskStreamResponse(_message.Message):
+    __slots__ = ("id", "create_task", "get_task", "list_tasks", "update_task", "request_input", "answer_input", "cancel_task", "finish_task", "delete_task", "keep_alive_task", "enqueue_task_message", "dequeue_task_messages", "route_task_message", "failure")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TASK_FIELD_NUMBER: _ClassVar[int]
+    GET_TASK_FIELD_NUMBER: _ClassVar[int]
+    LIST_TASKS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TASK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_INPUT_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_INPUT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_TASK_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TASK_FIELD_NUMBER: _ClassVar[int]
+    DELETE_TASK_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_TASK_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUE_TASK_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DEQUEUE_TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_TASK_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    create_task: CreateTaskResponse
+    get_task: GetTaskResponse
+    list_tasks: ListTasksResponse
+    update_task: TaskResponse
+    request_input: TaskResponse
+    answer_input: AnswerInputResponse
+    cancel_task: CancelTaskResponse
+    finish_task: FinishTaskResponse
+    delete_task: DeleteTaskResponse
+    keep_alive_task: KeepAliveTaskResponse
+    enqueue_task_message: EnqueueTaskMessageResponse
+    dequeue_task_messages: DequeueTaskMessagesResponse
+    route_task_message: RouteTaskMessageResponse
+    failure: TaskCallFailure
+    def __init__(self, id: _Optional[int] = ..., create_task: _Optional[_Union[CreateTaskResponse, _Mapping]] = ..., get_task: _Optional[_Union[GetTaskResponse, _Mapping]] = ..., list_tasks: _Optional[_Union[ListTasksResponse, _Mapping]] = ..., update_task: _Optional[_Union[TaskResponse, _Mapping]] = ..., request_input: _Optional[_Union[TaskResponse, _Mapping]] = ..., answer_input: _Optional[_Union[AnswerInputResponse, _Mapping]] = ..., cancel_task: _Optional[_Union[CancelTaskResponse, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskResponse, _Mapping]] = ..., delete_task: _Optional[_Union[DeleteTaskResponse, _Mapping]] = ..., keep_alive_task: _Optional[_Union[KeepAliveTaskResponse, _Mapping]] = ..., enqueue_task_message: _Optional[_Union[EnqueueTaskMessageResponse, _Mapping]] = ..., dequeue_task_messages: _Optional[_Union[DequeueTaskMessagesResponse, _Mapping]] = ..., route_task_message: _Optional[_Union[RouteTaskMessageResponse, _Mapping]] = ..., failure: _Optional[_Union[TaskCallFailure, _Mapping]] = ...) -> None: ...
+
+class TaskCallFailure(_message.Message):
+    __slots__ = ("code", "message", "leader", "retry")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    leader: str
+    retry: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., leader: _Optional[str] = ..., retry: _Optional[str] = ...) -> None: ...

@@ -108,6 +108,11 @@ class TasksStub(object):
                 request_serializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageRequest.SerializeToString,
                 response_deserializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageResponse.FromString,
                 _registered_method=True)
+        self.TaskStream = channel.stream_stream(
+                '/cursorlog.v1.Tasks/TaskStream',
+                request_serializer=cursorlog_dot_v1_dot_tasks__pb2.TaskStreamRequest.SerializeToString,
+                response_deserializer=cursorlog_dot_v1_dot_tasks__pb2.TaskStreamResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer(object):
@@ -255,6 +260,37 @@ class TasksServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TaskStream(self, request_iterator, context):
+        """The unary calls above over one long-lived call (issue 31 item 3): each
+        `TaskStreamRequest` carries a client-chosen `id` and one call, handled exactly as its
+        unary RPC handles it (same validation, durability, errors), and is answered by one
+        `TaskStreamResponse` with the same `id`, as soon as that call completes: answers may come
+        in another order than the requests. Much cheaper per call than the unary RPCs (no
+        HTTP/2 stream, headers and trailers per call).
+
+        Calls are pipelined: many may be in flight on one stream, and writes of different calls
+        share group commits. Calls naming the same (owner, task_id) run one after the other, in
+        request order (a call starts once the stream's earlier call on that task was answered),
+        so a client may send a create, an update and a get of one task back to back. A call with
+        no task (ListTasks, RouteTaskMessage) starts at once. At most 256 calls of one stream are
+        in flight; beyond that the server reads no more requests until one is answered.
+
+        A failed call is answered by a `failure` (its gRPC code and message, and the
+        `cursorlog-leader` / `cursorlog-retry` hints the unary call would carry as headers) and
+        the stream goes on. The stream itself ends with UNAVAILABLE when the server shuts down
+        (calls not yet answered have an unknown outcome, as a dropped unary call has) and, on a
+        cluster, when this member does not lead (at once on a follower) or stops leading: then
+        it reads no more requests, answers every call it read, and ends with UNAVAILABLE and the
+        `cursorlog-leader` and `cursorlog-retry: safe` headers (the requests it did not answer
+        were never read: send them to the leader). A request that cannot be read (over the
+        message size limit, or not a valid message) ends the stream with that status once the
+        calls read before it are answered. Servers before this RPC answer UNIMPLEMENTED: use the
+        unary RPCs there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -327,6 +363,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.RouteTaskMessage,
                     request_deserializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageRequest.FromString,
                     response_serializer=cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageResponse.SerializeToString,
+            ),
+            'TaskStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.TaskStream,
+                    request_deserializer=cursorlog_dot_v1_dot_tasks__pb2.TaskStreamRequest.FromString,
+                    response_serializer=cursorlog_dot_v1_dot_tasks__pb2.TaskStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -711,6 +752,33 @@ class Tasks(object):
             '/cursorlog.v1.Tasks/RouteTaskMessage',
             cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageRequest.SerializeToString,
             cursorlog_dot_v1_dot_tasks__pb2.RouteTaskMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TaskStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cursorlog.v1.Tasks/TaskStream',
+            cursorlog_dot_v1_dot_tasks__pb2.TaskStreamRequest.SerializeToString,
+            cursorlog_dot_v1_dot_tasks__pb2.TaskStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
