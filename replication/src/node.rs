@@ -408,15 +408,33 @@ fn watch_leading(
     let tick = (proposer.quorum_timeout / 4).max(Duration::from_millis(10));
     let task = tokio::spawn(async move {
         let mut metrics = raft.metrics();
+        // Whether this leader handed its lead over and stopped its heartbeats.
+        let mut silenced = false;
         loop {
-            let (now, successor) = {
+            let (now, successor, leading) = {
                 let m = metrics.borrow_watched();
                 let now = proposer.leads_with_quorum(&m);
+                let leading = leads(&m, proposer.id);
                 // Still leader in openraft's eyes, but no quorum answered for its lease.
-                let lost = !now && *tx.borrow() && leads(&m, proposer.id);
-                (now, lost.then(|| successor(&m, proposer.id)).flatten())
+                let lost = !now && *tx.borrow() && leading;
+                (
+                    now,
+                    lost.then(|| successor(&m, proposer.id)).flatten(),
+                    leading,
+                )
             };
+            if silenced && (now || !leading) {
+                // A quorum answers again, or another member leads: heartbeat as any leader
+                // (the setting outlives this term, so it must be back before the next one).
+                raft.runtime_config().heartbeat(true);
+                silenced = false;
+            }
             if let Some(to) = successor {
+                // A leader whose inbound links are cut still reaches its followers: its
+                // heartbeats would keep their election timers from ever running out, so a
+                // follower that did not hear the transfer could not replace it.
+                raft.runtime_config().heartbeat(false);
+                silenced = true;
                 // Hand the lead over instead of waiting out the followers' leases: a leader
                 // whose inbound links are cut still reaches them, and each one that hears
                 // the transfer drops the lease at once (the chosen one elects at once, by

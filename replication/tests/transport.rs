@@ -404,3 +404,51 @@ async fn a_refused_connection_is_unreachable() {
         other => panic!("a refused connection must be Unreachable: {other:?}"),
     }
 }
+
+/// A leader that lost its quorum hands its lead over to a follower whose log does not yet
+/// hold the leader's last entry (the leader could not send it). openraft's successor then
+/// ignores the transfer and keeps the old leader's lease; while the old leader still reaches
+/// the followers (cut off inbound only) nothing would ever elect anyone. The successor
+/// releases the lease and campaigns instead (`RaftService::transfer_leader`), and the other
+/// follower, which dropped its lease on the same transfer, elects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_whose_log_misses_the_leaders_last_entry_still_takes_the_lead() {
+    let nodes = cluster(1..=3).await;
+    let leader = agreed_leader(&nodes, None).await;
+    let last = write(node(&nodes, leader), 0..20).await;
+    all_applied(&nodes, last, &(0..20).map(records).collect::<Vec<_>>()).await;
+    let m = node(&nodes, leader)
+        .raft
+        .wait(Some(WAIT))
+        .metrics(|_| true, "metrics")
+        .await
+        .expect("metrics");
+    let mut beyond = m.last_applied.expect("20 writes applied");
+    beyond.index += 10;
+    let successor = nodes.iter().find(|n| n.id != leader).expect("a follower");
+    let transfer = openraft::raft::TransferLeaderRequest::new(m.vote, successor.id, Some(beyond));
+    // Sent to both followers at once, as openraft's broadcast does. The leader keeps
+    // heartbeating: only the transfer can move the lead.
+    let sends = nodes.iter().filter(|n| n.id != leader).map(|follower| {
+        let mut client = client_to(follower, ClientOptions::new());
+        let transfer = transfer.clone();
+        async move {
+            let _ = client.transfer_leader(transfer, RPCOption::new(WAIT)).await;
+        }
+    });
+    futures_util::future::join_all(sends).await;
+    let now = successor
+        .raft
+        .wait(Some(Duration::from_secs(20)))
+        .metrics(
+            |m| m.current_leader.is_some_and(|l| l != leader),
+            "a follower of the old leader leads",
+        )
+        .await
+        .expect("a follower campaigned and won though the successor's log missed the leader's last entry")
+        .current_leader;
+    eprintln!("leader {leader} handed over; {now:?} leads");
+    for node in nodes {
+        node.stop().await;
+    }
+}

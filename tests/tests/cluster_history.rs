@@ -1026,10 +1026,15 @@ async fn every_answer_is_explained_by_a_sequential_model() {
         };
         // The leader now (it may have moved since the last fault healed).
         leader = cluster.leader(None).await;
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         eprintln!(
-            "fault {n}: {kind} (leader {}) at {:?}",
+            "fault {n}: {kind} (leader {}) at {:?} (unix {}.{:03})",
             leader + 1,
-            began.elapsed()
+            began.elapsed(),
+            wall.as_secs(),
+            wall.subsec_millis()
         );
         // Which follower or survivor, where the kind leaves a choice (drawn apart from `rng`,
         // so the kinds drawn for a seed are as before).
@@ -1056,6 +1061,10 @@ async fn every_answer_is_explained_by_a_sequential_model() {
     sessions.extend(shared.active.lock().unwrap().iter().cloned());
     final_reads(&shared, &sessions).await;
     let workload_done = began.elapsed();
+    if std::env::var_os("CURSORLOG_CLUSTER_LOGS").is_some() {
+        // Every member's whole log of the workload, to read a slow failover against.
+        cluster.dump_logs();
+    }
     let ops = shared.recorder.ops();
     if let Some(path) = std::env::var_os("CURSORLOG_HISTORY_DUMP") {
         let text: String = ops.iter().map(|o| format!("{} {o}\n", o.session)).collect();
