@@ -70,8 +70,10 @@ impl SnapshotSink<io::Cursor<Vec<u8>>> for InMemorySnapshots {
 /// entry before it campaigns by itself (see `transfer_leader`).
 const TRANSFER_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// How long a follower that heard its leader hand the lead to another member leaves that
-/// member to win before it campaigns itself (see `campaign_unless_elected`).
-const OTHER_FOLLOWER_WAIT: std::time::Duration = std::time::Duration::from_millis(150);
+/// member to win before it campaigns itself (see `campaign_unless_elected`): long enough
+/// for a loaded machine's transfer election (a vote round trip and a log sync), so that a
+/// transfer the chosen member takes is not contested.
+const OTHER_FOLLOWER_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The Raft service of one node: decodes requests for its [`Raft`] handle.
 pub struct RaftService<SM, K>
