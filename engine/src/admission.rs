@@ -46,6 +46,15 @@ impl Admission {
 
     /// Takes `n` bytes of the budget, awaiting (never blocking) while it is spent.
     pub(crate) async fn take(&self, n: u64) {
+        // The common case, room in the budget, takes the lock once and no waiter slot in
+        // `freed_async` (registering one and dropping it locks the `Notify` twice more, a
+        // lock every append shares).
+        if self.try_take(
+            &mut self.queued.lock().unwrap_or_else(PoisonError::into_inner),
+            n,
+        ) {
+            return;
+        }
         loop {
             let freed = self.freed_async.notified();
             let mut freed = std::pin::pin!(freed);
