@@ -38,16 +38,7 @@ type Pending = Pin<Box<dyn Future<Output = pb::AppendResult> + Send>>;
 struct Call {
     engine: Engine,
     requests: Streaming<pb::AppendRequest>,
-    /// Resolves when the server starts shutting down. One future for the whole call: a new
-    /// one per answer registered and dropped a waiter on the shutdown watch each time (a
-    /// lock all calls share, twice per event).
-    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
-    /// A second receiver of the shutdown watch: `shutdown` is polled again only once this
-    /// one sees a change (or the watch is gone). Polling it on every answer walked the
-    /// watch's `Notified` each time: ~1,300 instructions per event (callgrind, batch 1).
-    shutdown_seen: watch::Receiver<bool>,
-    /// `shutdown` was polled once, so its waiter is registered and wakes this call.
-    shutdown_armed: bool,
+    shutdown: watch::Receiver<bool>,
     /// Queued requests, oldest first, each resolving to its answer.
     in_flight: VecDeque<Pending>,
     /// The client finished sending (or its stream failed): answer what is queued, then end.
@@ -68,14 +59,10 @@ pub fn serve(
     requests: Streaming<pb::AppendRequest>,
     shutdown: watch::Receiver<bool>,
 ) -> Answers {
-    let shutdown_seen = shutdown.clone();
-    let mut shutdown = shutdown;
     let call = Call {
         engine,
         requests,
-        shutdown: Box::pin(async move { shutting_down(&mut shutdown).await }),
-        shutdown_seen,
-        shutdown_armed: false,
+        shutdown,
         in_flight: VecDeque::new(),
         input_done: false,
         input_error: None,
@@ -130,12 +117,9 @@ async fn next_answer(
             return call.input_error.take().map(|status| (Err(status), None));
         }
         let can_read = !call.input_done && call.in_flight.len() < IN_FLIGHT_MAX;
-        let look_at_shutdown =
-            !call.shutdown_armed || call.shutdown_seen.has_changed().unwrap_or(true);
-        call.shutdown_armed = true;
         tokio::select! {
             biased;
-            () = &mut call.shutdown, if look_at_shutdown => {
+            () = shutting_down(&mut call.shutdown) => {
                 let status = Status::unavailable(
                     "server is shutting down; reconnect and resend unacknowledged appends \
                      with expected_next_seq",
