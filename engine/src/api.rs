@@ -235,6 +235,9 @@ pub struct ReadBatch {
     pub state: StreamState,
     /// True when the batch reaches the terminal seq: nothing more will ever follow.
     pub end_of_stream: bool,
+    /// Where the read stopped, if inside a run of the stream's frames: give it to the next
+    /// read after the batch's last event ([`crate::Engine::read_from`]) to start there.
+    pub next: Option<crate::read::ReadPosition>,
 }
 
 /// The terminal outcome of a stream, addressable by (session, correlation id).

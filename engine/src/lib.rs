@@ -94,7 +94,7 @@ pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};
 pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
 pub use propose::{Proposed, Proposer, Settle};
-pub use read::Follower;
+pub use read::{Follower, ReadPosition};
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};
 pub use task::{
