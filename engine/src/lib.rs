@@ -65,6 +65,7 @@ mod verdict;
 mod verify;
 mod writer;
 
+pub use api::ReadPosition;
 pub use api::{
     Append, Appended, BatchWrite, BatchWritten, EpochAdvanced, Event, NewEvent, OpenStream,
     Outcome, ReadBatch, SessionExpired, SessionInfo, SessionView, Stats, StreamInfo, Terminated,
@@ -94,7 +95,7 @@ pub use format::{BOOT_ID_BYTES, FORMAT_VERSION};
 pub use fs::{Fault, FaultyFs, Tear, SECTOR_BYTES};
 pub use fs::{FileSystem, SegmentFile, StdFs};
 pub use propose::{Proposed, Proposer, Settle};
-pub use read::{Follower, ReadPosition};
+pub use read::Follower;
 pub use recovery::RecoveryReport;
 pub use state::{SessionMeta, StreamMeta, StreamState};
 pub use task::{

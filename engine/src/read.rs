@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::api::{Event, Outcome, ReadBatch};
+use crate::api::{Event, FramePlace, Outcome, ReadBatch, ReadPosition};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::followers::Bell;
 use crate::index::KvRead;
@@ -45,35 +45,6 @@ pub(crate) fn owned_stream(shared: &Shared, session: &str, stream: u64) -> Resul
         }
         _ => Err(Error::UnknownStream(stream)),
     }
-}
-
-/// Where a read of a stream stopped: the next event's seq, its frame when the read stopped
-/// inside a run of the stream's frames, and the size of the last frame read. Handed to the
-/// next read of the same stream after the same event ([`crate::Engine::read_from`]), that read
-/// starts at the frame instead of walking the run from its start (the index knows run starts
-/// only), so a replay in many bounded reads reads each frame once, and it reads windows sized
-/// for the events it wants rather than whole read-ahead windows. Only a hint: the frame is
-/// checked (length, CRC, decode, stream and seq) as any other, and a position that no longer
-/// holds the event (its segment retired, say) sends the read through the index as if there
-/// were none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadPosition {
-    stream: u64,
-    /// The seq of the next event.
-    seq: u64,
-    /// Its frame, when it is the next one in the run the read stopped in.
-    place: Option<FramePlace>,
-    /// The length of the last frame read.
-    frame_len: u64,
-}
-
-/// Where an event's frame is, in a run of its stream's frames.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FramePlace {
-    segment: u64,
-    offset: u64,
-    /// The seq of the next run start after this one (`u64::MAX` when unknown).
-    run_end: u64,
 }
 
 /// Up to `max_events` events strictly after `after_seq`, gap-free, starting at `from` when it
