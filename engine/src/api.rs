@@ -235,6 +235,38 @@ pub struct ReadBatch {
     pub state: StreamState,
     /// True when the batch reaches the terminal seq: nothing more will ever follow.
     pub end_of_stream: bool,
+    /// Where the read stopped, if inside a run of the stream's frames: give it to the next
+    /// read after the batch's last event ([`crate::Engine::read_from`]) to start there.
+    pub next: Option<ReadPosition>,
+}
+
+/// Where a read of a stream stopped: the next event's seq, its frame when the read stopped
+/// inside a run of the stream's frames, and the size of the last frame read. Handed to the
+/// next read of the same stream after the same event ([`crate::Engine::read_from`]), that read
+/// starts at the frame instead of walking the run from its start (the index knows run starts
+/// only), so a replay in many bounded reads reads each frame once, and it reads windows sized
+/// for the events it wants rather than whole read-ahead windows. Only a hint: the frame is
+/// checked (length, CRC, decode, stream and seq) as any other, and a position that no longer
+/// holds the event (its segment retired, say) sends the read through the index as if there
+/// were none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadPosition {
+    pub(crate) stream: u64,
+    /// The seq of the next event.
+    pub(crate) seq: u64,
+    /// Its frame, when it is the next one in the run the read stopped in.
+    pub(crate) place: Option<FramePlace>,
+    /// The length of the last frame read.
+    pub(crate) frame_len: u64,
+}
+
+/// Where an event's frame is, in a run of its stream's frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FramePlace {
+    pub(crate) segment: u64,
+    pub(crate) offset: u64,
+    /// The seq of the next run start after this one (`u64::MAX` when unknown).
+    pub(crate) run_end: u64,
 }
 
 /// The terminal outcome of a stream, addressable by (session, correlation id).

@@ -65,6 +65,7 @@ mod verdict;
 mod verify;
 mod writer;
 
+pub use api::ReadPosition;
 pub use api::{
     Append, Appended, BatchWrite, BatchWritten, EpochAdvanced, Event, NewEvent, OpenStream,
     Outcome, ReadBatch, SessionExpired, SessionInfo, SessionView, Stats, StreamInfo, Terminated,

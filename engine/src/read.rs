@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::api::{Event, Outcome, ReadBatch};
+use crate::api::{Event, FramePlace, Outcome, ReadBatch, ReadPosition};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::followers::Bell;
 use crate::index::KvRead;
@@ -13,6 +13,9 @@ use crate::record::EventBody;
 use crate::shared::Shared;
 use crate::state::StreamMeta;
 use crate::verdict::{decide, past_horizon, Resolution};
+
+#[cfg(test)]
+mod tests;
 
 /// The verdict for `cursor` presented in `session` (see [`crate::Verdict`]).
 pub(crate) fn resolve(
@@ -44,25 +47,28 @@ pub(crate) fn owned_stream(shared: &Shared, session: &str, stream: u64) -> Resul
     }
 }
 
-/// Up to `max_events` events strictly after `after_seq`, gap-free.
+/// Up to `max_events` events strictly after `after_seq`, gap-free, starting at `from` when it
+/// is where the event after `after_seq` is.
 pub(crate) fn read(
     shared: &Shared,
     session: &str,
     stream: u64,
     after_seq: u64,
     max_events: u32,
+    from: Option<ReadPosition>,
 ) -> Result<ReadBatch> {
     let meta = owned_stream(shared, session, stream)?;
-    let from = after_seq.saturating_add(1);
-    if from < meta.watermark {
+    let first = after_seq.saturating_add(1);
+    if first < meta.watermark {
         return Err(Error::Evicted {
             stream,
-            seq: from,
+            seq: first,
             watermark: meta.watermark,
         });
     }
     let max = max_events.clamp(1, shared.config.read_events_max) as usize;
-    let events = read_events(shared, stream, from, meta.head, max)?;
+    let hint = from.filter(|p| p.stream == stream && p.seq == first);
+    let (events, next) = read_events_from(shared, stream, first, meta.head, max, hint)?;
     let last = events.last().map_or(after_seq, |e| e.seq);
     let end_of_stream = meta.state.is_terminal() && last >= meta.head;
     Ok(ReadBatch {
@@ -70,6 +76,7 @@ pub(crate) fn read(
         head: meta.head,
         state: meta.state,
         end_of_stream,
+        next,
     })
 }
 
@@ -109,17 +116,57 @@ pub(crate) fn read_events(
     head: u64,
     max: usize,
 ) -> Result<Vec<Event>> {
+    Ok(read_events_from(shared, stream, from, head, max, None)?.0)
+}
+
+/// [`read_events`], starting at `hint`'s frame (event `from`'s) when it still holds the event,
+/// and where the read stopped.
+fn read_events_from(
+    shared: &Shared,
+    stream: u64,
+    from: u64,
+    head: u64,
+    max: usize,
+    hint: Option<ReadPosition>,
+) -> Result<(Vec<Event>, Option<ReadPosition>)> {
     if from > head {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), hint));
     }
     // Only runs starting before `until` can hold an event of this read: the last event it
     // may return is `until - 1`.
     let until = from.saturating_add(max as u64).min(head.saturating_add(1));
     let wanted = usize::try_from(until - from).unwrap_or(max).min(max);
+    // Windows sized for what this read wants (an event's frame is about as long as the last
+    // one read; one frame when only one is wanted), not whole read-ahead windows.
+    let window = match hint {
+        Some(h) => Some(h.frame_len.saturating_mul(wanted as u64)),
+        None => (wanted == 1).then_some(0),
+    };
+    let new_window = || window.map_or_else(ReadAhead::default, ReadAhead::sized);
     let mut events = Vec::with_capacity(wanted);
-    let runs = shared.index.runs_from(stream, from, until, wanted)?;
-    let mut expected = from;
     let mut kinds = Kinds::default();
+    if let Some((h, place)) = hint.and_then(|h| Some((h, h.place?))) {
+        // The frames from the hint on, as far as they check; the rest through the index.
+        let next = walk_from(
+            shared,
+            stream,
+            head,
+            max,
+            h,
+            place,
+            new_window(),
+            &mut events,
+            &mut kinds,
+        );
+        if events.len() >= max || from + events.len() as u64 > head {
+            return Ok((events, next));
+        }
+    }
+    let mut expected = from + events.len() as u64;
+    let mut next = None;
+    let runs = shared
+        .index
+        .runs_from(stream, expected, until, wanted - events.len())?;
     for (i, (start, pos)) in runs.iter().enumerate() {
         let run_end = runs.get(i + 1).map_or(u64::MAX, |r| r.0);
         if run_end <= expected || *start > expected {
@@ -134,7 +181,8 @@ pub(crate) fn read_events(
         };
         let mut offset = pos.offset;
         let mut seq = *start;
-        let mut ahead = ReadAhead::default();
+        let mut ahead = new_window();
+        let mut frame_len = 0;
         while seq < run_end && seq <= head && events.len() < max {
             if seq < expected {
                 offset += frame_len_at(&seg, &mut ahead, offset)
@@ -144,9 +192,22 @@ pub(crate) fn read_events(
                     .map_err(|e| gone(shared, stream, seq, pos.segment, e))?;
                 events.push(event);
                 offset += len;
+                frame_len = len;
                 expected = seq + 1;
             }
             seq += 1;
+        }
+        if frame_len > 0 {
+            next = Some(ReadPosition {
+                stream,
+                seq,
+                place: (seq < run_end).then_some(FramePlace {
+                    segment: pos.segment,
+                    offset,
+                    run_end,
+                }),
+                frame_len,
+            });
         }
         if events.len() >= max || expected > head {
             break;
@@ -156,7 +217,37 @@ pub(crate) fn read_events(
         let segment = runs.first().map_or(0, |r| r.1.segment);
         return Err(index_gap(shared, stream, expected, segment));
     }
-    Ok(events)
+    Ok((events, next))
+}
+
+/// Reads into `events` the frames from `place` (event `hint.seq`'s) on: at most `max` events
+/// in all, none past `head` nor past the run. Stops quietly at the first frame that is not
+/// the event it should be or cannot be read: the caller reads that one again through the
+/// index, which reports it if it is damaged. Returns where the walk stopped.
+#[allow(clippy::too_many_arguments, reason = "one call site, the read's state")]
+fn walk_from(
+    shared: &Shared,
+    stream: u64,
+    head: u64,
+    max: usize,
+    hint: ReadPosition,
+    mut place: FramePlace,
+    mut ahead: ReadAhead,
+    events: &mut Vec<Event>,
+    kinds: &mut Kinds,
+) -> Option<ReadPosition> {
+    let seg = shared.log.get(place.segment)?;
+    let mut at = hint;
+    while at.seq < place.run_end && at.seq <= head && events.len() < max {
+        let (event, len) =
+            read_frame_at(&seg, &mut ahead, kinds, place.offset, stream, at.seq).ok()?;
+        events.push(event);
+        at.seq += 1;
+        place.offset += len;
+        at.frame_len = len;
+    }
+    at.place = (at.seq < place.run_end).then_some(place);
+    Some(at)
 }
 
 /// No index entry covers `seq`: evicted if a trim raced this read, otherwise the index is
@@ -225,6 +316,8 @@ pub struct Follower {
     session: String,
     stream: u64,
     after: u64,
+    /// Where the last read stopped, for the next one to start there.
+    position: Option<ReadPosition>,
     done: bool,
     bell: Option<Arc<Bell>>,
     /// The bell's count when the last read started.
@@ -239,6 +332,7 @@ impl Follower {
             session: session.to_owned(),
             stream,
             after,
+            position: None,
             done: false,
             bell: Some(bell),
             seen: 0,
@@ -267,8 +361,10 @@ impl Follower {
             self.stream,
             self.after,
             max_events,
+            self.position,
         )?;
         self.done = batch.end_of_stream;
+        self.position = batch.next;
         if let Some(last) = batch.events.last() {
             self.after = last.seq;
         }
@@ -303,6 +399,7 @@ impl Follower {
             if let Some(last) = events.last() {
                 self.after = last.seq;
             }
+            self.position = None;
             self.done = false;
         }
         Ok(Some(events))

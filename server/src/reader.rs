@@ -124,16 +124,24 @@ impl Reader {
             seq: mut after,
         } = cursor;
         'deliver: loop {
-            // Replay what is stored, in bounded reads, until caught up with the head.
+            // Replay what is stored, in bounded reads, until caught up with the head; each
+            // read starts where the one before stopped (not at the start of its run).
+            let mut position = None;
             loop {
                 let session = self.session.clone();
                 let budget = self.budget().await?;
                 let max = budget.events;
-                let read = run_engine(&self.engine, move |e| e.read(&session, stream, after, max));
+                // A read from a position, or of one event, reads only about what it keeps
+                // (`ReadPosition`): its events may share the buffer they were read into.
+                let sized = position.is_some() || max == 1;
+                let read = run_engine(&self.engine, move |e| {
+                    e.read_from(&session, stream, after, max, position)
+                });
                 let mut batch = match read.await {
                     Ok(Ok(batch)) => batch,
                     Ok(Err(engine::Error::Evicted { watermark, .. })) if resume_own => {
                         after = self.skip_gap(epoch, stream, after, watermark).await?;
+                        position = None;
                         continue;
                     }
                     Ok(Err(err)) => return self.send(Err(status::from_engine(&err))).await,
@@ -141,16 +149,18 @@ impl Reader {
                 };
                 // Keep what the pipe has room for; the rest is read again next time.
                 let fits = budget.fits(&batch.events);
+                position = batch.next;
                 if fits < batch.events.len() {
                     batch.events.truncate(fits);
                     batch.end_of_stream = false;
+                    position = None;
                 }
                 let caught_up = batch.events.is_empty()
                     || batch.events.last().is_some_and(|e| e.seq >= batch.head);
                 if let Some(last) = batch.events.last() {
                     after = last.seq;
                 }
-                self.send_events(epoch, batch.events).await?;
+                self.send_events(epoch, batch.events, !sized).await?;
                 if batch.end_of_stream {
                     return self.send_end(epoch, stream, after).await;
                 }
@@ -200,7 +210,7 @@ impl Reader {
                         if let Some(last) = events.last() {
                             after = last.seq;
                         }
-                        self.send_events(epoch, events).await?;
+                        self.send_events(epoch, events, true).await?;
                         continue;
                     }
                     Ok(Some(_)) => {}
@@ -301,15 +311,21 @@ impl Reader {
         match frame {
             Some(f) => {
                 let seq = f.seq;
-                self.send_events(epoch, vec![f]).await?;
+                self.send_events(epoch, vec![f], true).await?;
                 Ok(seq)
             }
             None => Ok(last_gone),
         }
     }
 
-    /// Sends `events` as one or more batches, each below the message size budget.
-    async fn send_events(&self, epoch: u64, events: Vec<engine::Event>) -> Result<(), Stop> {
+    /// Sends `events` as one or more batches, each below the message size budget; with
+    /// `copy`, each payload in its own buffer.
+    async fn send_events(
+        &self,
+        epoch: u64,
+        events: Vec<engine::Event>,
+        copy: bool,
+    ) -> Result<(), Stop> {
         let mut batch = Vec::with_capacity(events.len());
         let mut batch_bytes = 0_usize;
         for event in events {
@@ -322,12 +338,18 @@ impl Reader {
                 self.send_sized(Ok(item), full_bytes).await?;
             }
             batch_bytes += bytes;
-            // A payload read from the log shares its read-ahead window (256 KiB) with the
-            // events read beside it: copied out, a message waiting in the pipe for a client
-            // that stopped reading holds its own bytes only, not the whole window.
-            let event = engine::Event {
-                payload: event.payload.to_vec().into(),
-                ..event
+            // A payload read from the log shares its read window with the events read
+            // beside it. A window of a whole read-ahead (256 KiB) is copied out of, so a
+            // message waiting in the pipe for a client that stopped reading holds its own
+            // bytes only; a window sized for the read (about what the pipe had room for) is
+            // shared as it is.
+            let event = if copy {
+                engine::Event {
+                    payload: event.payload.to_vec().into(),
+                    ..event
+                }
+            } else {
+                event
             };
             batch.push(convert::event(epoch, event));
         }

@@ -36,8 +36,33 @@ impl Engine {
         after_seq: u64,
         max_events: u32,
     ) -> Result<ReadBatch> {
+        self.read_from(session, stream, after_seq, max_events, None)
+    }
+
+    /// [`Engine::read`], starting at `from` (a [`ReadBatch::next`] of the read before, which
+    /// ended at `after_seq`) rather than walking the run of frames holding the next event from
+    /// its start. A position that does not fit (another stream or seq, a retired segment, a
+    /// frame that does not check) is ignored: the answer is the same as without it.
+    ///
+    /// # Errors
+    /// As [`Engine::read`].
+    pub fn read_from(
+        &self,
+        session: &str,
+        stream: u64,
+        after_seq: u64,
+        max_events: u32,
+        from: Option<crate::ReadPosition>,
+    ) -> Result<ReadBatch> {
         self.touch(session);
-        crate::read::read(&self.inner.shared, session, stream, after_seq, max_events)
+        crate::read::read(
+            &self.inner.shared,
+            session,
+            stream,
+            after_seq,
+            max_events,
+            from,
+        )
     }
 
     /// A live reader of `stream` after `after_seq`, woken only by commits that touch the

@@ -49,9 +49,21 @@ pub(crate) struct ReadAhead {
     start: u64,
     /// A fresh buffer per window: the events read from the previous one share it.
     bytes: Bytes,
+    /// How much one window reads (at least what is needed): [`READ_AHEAD_BYTES`] when 0.
+    size: u64,
 }
 
 impl ReadAhead {
+    /// Windows of about `size` bytes (at least one frame, at most [`READ_AHEAD_BYTES`]): a
+    /// read that knows roughly how much it wants does not fetch (nor pin, in the events
+    /// sharing the window) a whole read-ahead window.
+    pub(crate) fn sized(size: u64) -> Self {
+        Self {
+            size: size.clamp(FRAME_HEADER_BYTES as u64, READ_AHEAD_BYTES),
+            ..Self::default()
+        }
+    }
+
     /// The bytes from `offset` on, at least `need` of them unless the segment ends first.
     pub(crate) fn at(&mut self, seg: &Segment, offset: u64, need: u64) -> Result<&[u8]> {
         let (bytes, from) = self.window(seg, offset, need)?;
@@ -67,9 +79,11 @@ impl ReadAhead {
     ) -> Result<(&Bytes, usize)> {
         let end = self.start + self.bytes.len() as u64;
         if offset < self.start || offset.saturating_add(need) > end {
-            let len = need
-                .max(READ_AHEAD_BYTES)
-                .min(seg.len().saturating_sub(offset));
+            let size = match self.size {
+                0 => READ_AHEAD_BYTES,
+                n => n,
+            };
+            let len = need.max(size).min(seg.len().saturating_sub(offset));
             self.bytes = seg.read_unmapped(offset, len)?.into();
             self.start = offset;
         }
