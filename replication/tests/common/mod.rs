@@ -246,7 +246,13 @@ impl Cluster {
                     for s in streams {
                         // From the watermark: retention may have evicted the events before.
                         let events = e.read(&s.session, s.id, s.watermark - 1, 1000).unwrap();
-                        text.push_str(&format!("{s:?} {events:?}\n"));
+                        let seen = (
+                            &events.events,
+                            events.head,
+                            events.state,
+                            events.end_of_stream,
+                        );
+                        text.push_str(&format!("{s:?} {seen:?}\n"));
                     }
                     text
                 })
