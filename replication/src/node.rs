@@ -164,6 +164,7 @@ impl ReplicatedNode {
             ready_term: Arc::new(Mutex::new(None)),
             timeout: options.request_timeout,
             quorum_timeout: options.timing.election_max,
+            membership_seen: Mutex::new(None),
         });
         let engine = {
             let (config, log, p) = (options.engine.clone(), log.clone(), Arc::clone(&proposer));
@@ -513,7 +514,16 @@ pub struct RaftProposer {
     /// answering (check-quorum, which openraft 0.10 lacks): the longest election timeout,
     /// after which the other members may have elected a leader of their own.
     quorum_timeout: Duration,
+    /// The membership this leader last saw and when it first saw it: a changed voter set
+    /// starts its own quorum clock (see [`Self::leads_with_quorum`]).
+    membership_seen: Mutex<Option<(MembershipLogId, RaftInstant)>>,
 }
+
+/// The log id of a membership entry (`None` before the first).
+type MembershipLogId = Option<openraft::type_config::alias::LogIdOf<crate::types::TypeConfig>>;
+
+/// The clock openraft stamps its metrics with.
+type RaftInstant = openraft::type_config::alias::InstantOf<crate::types::TypeConfig>;
 
 impl RaftProposer {
     fn raft(&self) -> Result<&Raft<EngineStateMachine>, Proposed> {
@@ -526,6 +536,13 @@ impl RaftProposer {
     /// [`Self::quorum_timeout`] (a one-voter cluster is its own quorum). A leader cut off
     /// from its peers fails this an election timeout after its last acknowledgement, while
     /// openraft still calls it leader.
+    ///
+    /// A voter set this leader changed less than [`Self::quorum_timeout`] ago counts as
+    /// acknowledged since the change: openraft's quorum clock for a new voter set starts
+    /// from acknowledgements made under the old one (for a one-voter cluster, the election),
+    /// so a leader promoting its first learner read as cut off at once and handed its lead
+    /// to the learner in the middle of the promotion. Only how soon a cut-off leader steps
+    /// down depends on this; its answers still wait for a commit or a ReadIndex round.
     fn leads_with_quorum(&self, m: &openraft::RaftMetrics<crate::types::TypeConfig>) -> bool {
         if !leads(m, self.id) {
             return false;
@@ -533,9 +550,24 @@ impl RaftProposer {
         if m.membership_config.voter_ids().count() <= 1 {
             return true;
         }
-        m.last_quorum_acked
-            .as_ref()
-            .is_some_and(|acked| acked.into_inner().elapsed() < self.quorum_timeout)
+        let membership = *m.membership_config.log_id();
+        let changed_at = {
+            let mut seen = self
+                .membership_seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &*seen {
+                Some((id, at)) if *id == membership => *at,
+                _ => {
+                    let now = RaftInstant::now();
+                    *seen = Some((membership, now));
+                    now
+                }
+            }
+        };
+        let acked = m.last_quorum_acked.as_ref().map(|a| a.into_inner());
+        let since = acked.map_or(changed_at, |a| a.max(changed_at));
+        since.elapsed() < self.quorum_timeout
     }
 
     /// The address of node `id` in the current membership.

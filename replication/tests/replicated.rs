@@ -94,3 +94,48 @@ async fn three_nodes_serve_the_same_log_through_a_leader_change_and_a_restart() 
     assert!(views.iter().all(|v| v == &views[0]), "{views:#?}");
     cluster.stop().await;
 }
+
+/// A leader that shrinks its cluster to itself and grows it back keeps the lead through every
+/// promotion: a new voter set starts its own quorum clock, so the check-quorum watch does not
+/// read the first promotion as "cut off" and hand the lead to the learner mid-change (the
+/// flake that turned CI red in `two_wiped_members_with_the_founder_never_form_a_second_cluster`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_keeps_the_lead_while_it_promotes_learners() {
+    use openraft::ChangeMembers;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let cluster = Cluster::start(SEGMENT_BYTES).await;
+    let leader = cluster.leader(None).await;
+    let raft = cluster.nodes[&leader].node.raft().clone();
+    let others: BTreeSet<_> = cluster
+        .members
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    for round in 0..8 {
+        raft.change_membership(ChangeMembers::RemoveVoters(others.clone()), false)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the leader shrinks to itself: {e}"));
+        raft.change_membership(ChangeMembers::RemoveNodes(others.clone()), false)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the learners are dropped: {e}"));
+        let learners: BTreeMap<_, _> = others
+            .iter()
+            .map(|id| (*id, cluster.members[id].clone()))
+            .collect();
+        raft.change_membership(ChangeMembers::AddNodes(learners), false)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the learners come back: {e}"));
+        raft.change_membership(ChangeMembers::AddVoterIds(others.clone()), false)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the leader promotes them: {e}"));
+        let status = cluster.nodes[&leader].node.status();
+        assert_eq!(
+            status.leader.map(|(id, _)| id),
+            Some(leader),
+            "round {round}: the lead moved during a promotion"
+        );
+    }
+    cluster.stop().await;
+}
