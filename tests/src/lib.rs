@@ -601,8 +601,16 @@ pub async fn read_all_watched(
     timeout: Duration,
     progress: Option<tokio::sync::watch::Sender<ReadProgress>>,
 ) -> ReadAll {
-    let mut stream = client.read(request).await.unwrap().into_inner();
     let mut all = ReadAll::default();
+    // A refusal before the first message (a member that no longer leads answers
+    // UNAVAILABLE) is the call's error, like one that ends the stream.
+    let mut stream = match client.read(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            all.error = Some(status);
+            return all;
+        }
+    };
     let collect = async {
         loop {
             match stream.message().await {

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use cursorlog_tests::{
-    event, free_addr, pb, read_all, read_request, run_tool, start_member, Server,
+    event, free_addr, pb, read_all, read_request, run_tool, start_member, ReadAll, Server,
 };
 use tonic::Code;
 
@@ -38,6 +38,25 @@ async fn leader(nodes: &[&Server], session: &str) -> usize {
         }
         assert!(Instant::now() < deadline, "no leader within {WAIT:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reads `cursor` of `session` to its end on whichever of `nodes` leads, asking again when
+/// the member read from stopped leading before it answered (UNAVAILABLE).
+async fn read_on_leader(nodes: &[&Server], session: &str, cursor: &str) -> ReadAll {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let at = leader(nodes, "a-probe").await;
+        let all = read_all(
+            &mut nodes[at].client().await,
+            read_request(session, cursor, false),
+            WAIT,
+        )
+        .await;
+        match &all.error {
+            Some(s) if s.code() == Code::Unavailable && Instant::now() < deadline => {}
+            _ => return all,
+        }
     }
 }
 
@@ -123,12 +142,7 @@ async fn a_cluster_does_not_form_beside_a_member_of_another_and_that_one_keeps_w
     let a_leader = leader(&a_refs, "a-probe").await;
     let after = write(&a[a_leader], "a-after", 4).await;
     for (session, stream, n) in [("a-before", before, 5), ("a-after", after, 4)] {
-        let all = read_all(
-            &mut a[a_leader].client().await,
-            read_request(session, &format!("1-{stream}-0"), false),
-            WAIT,
-        )
-        .await;
+        let all = read_on_leader(&a_refs, session, &format!("1-{stream}-0")).await;
         assert_eq!(all.events.len(), n, "{session}: {all:?}");
     }
     // Stop A's leader: the other two (member 2 included) elect among themselves and hold
@@ -136,14 +150,8 @@ async fn a_cluster_does_not_form_beside_a_member_of_another_and_that_one_keeps_w
     let mut a = a;
     a.swap_remove(a_leader).kill();
     let survivors: Vec<&Server> = a.iter().collect();
-    let next = leader(&survivors, "a-probe").await;
     for (session, stream, n) in [("a-before", before, 5), ("a-after", after, 4)] {
-        let all = read_all(
-            &mut survivors[next].client().await,
-            read_request(session, &format!("1-{stream}-0"), false),
-            WAIT,
-        )
-        .await;
+        let all = read_on_leader(&survivors, session, &format!("1-{stream}-0")).await;
         assert_eq!(all.events.len(), n, "{session} after A's failover: {all:?}");
     }
     drop(b);
