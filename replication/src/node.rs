@@ -409,10 +409,10 @@ fn watch_leading(
     let tick = (proposer.quorum_timeout / 4).max(Duration::from_millis(10));
     let task = tokio::spawn(async move {
         let mut metrics = raft.metrics();
-        // Whether this leader handed its lead over and stopped its heartbeats.
-        let mut silenced = false;
+        // The term in which this leader handed its lead over and stopped its heartbeats.
+        let mut silenced: Option<u64> = None;
         loop {
-            let (now, successor, leading) = {
+            let (now, successor, leading, term) = {
                 let m = metrics.borrow_watched();
                 let now = proposer.leads_with_quorum(&m);
                 let leading = leads(&m, proposer.id);
@@ -422,20 +422,19 @@ fn watch_leading(
                     now,
                     lost.then(|| successor(&m, proposer.id)).flatten(),
                     leading,
+                    m.current_term,
                 )
             };
-            if silenced && (now || !leading) {
-                // A quorum answers again, or another member leads: heartbeat as any leader
-                // (the setting outlives this term, so it must be back before the next one).
+            if heartbeats_back(silenced, term, leading, now) {
                 raft.runtime_config().heartbeat(true);
-                silenced = false;
+                silenced = None;
             }
             if let Some(to) = successor {
                 // A leader whose inbound links are cut still reaches its followers: its
                 // heartbeats would keep their election timers from ever running out, so a
                 // follower that did not hear the transfer could not replace it.
                 raft.runtime_config().heartbeat(false);
-                silenced = true;
+                silenced = Some(term);
                 // Hand the lead over instead of waiting out the followers' leases: a leader
                 // whose inbound links are cut still reaches them, and each one that hears
                 // the transfer drops the lease at once (the chosen one elects at once, by
@@ -460,6 +459,18 @@ fn watch_leading(
         }
     });
     (rx, task)
+}
+
+/// Whether a member that stopped its heartbeats when it handed its lead over in term
+/// `silenced` must send them again: a quorum answers again, another member leads, or any
+/// newer term began. The setting outlives the term, and only heartbeats renew openraft's
+/// quorum clock: a member elected again in a later term before this watch saw it step
+/// down (the watch samples the latest metrics) stayed silent, so it could never confirm
+/// its quorum, refused every call and let its followers' election timers run out, term
+/// after term (a 300-fault history run's final phase: the forced leader lost its lead
+/// every few seconds on a quiet machine, terms past 1,100).
+fn heartbeats_back(silenced: Option<u64>, term: u64, leading: bool, with_quorum: bool) -> bool {
+    silenced.is_some_and(|in_term| with_quorum || !leading || term != in_term)
 }
 
 /// The voter other than `id` that acknowledged the most of the leader's log (the lowest id
@@ -725,5 +736,25 @@ impl Proposer for RaftProposer {
             }
             settle.settle(out);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heartbeats_back;
+
+    #[test]
+    fn heartbeats_come_back_in_any_later_term_and_only_stay_off_in_the_silenced_one() {
+        // Never silenced: nothing to turn back on.
+        assert!(!heartbeats_back(None, 7, true, false));
+        // Still leading in the term it handed over, still without a quorum: stay silent
+        // (its heartbeats would keep the followers from electing anybody else).
+        assert!(!heartbeats_back(Some(5), 5, true, false));
+        // A quorum answers again, or another member leads.
+        assert!(heartbeats_back(Some(5), 5, true, true));
+        assert!(heartbeats_back(Some(5), 6, false, false));
+        // Elected again in a later term before the watch saw it step down: only heartbeats
+        // renew the quorum clock, so without them it could never confirm its lead.
+        assert!(heartbeats_back(Some(5), 7, true, false));
     }
 }
