@@ -698,10 +698,17 @@ impl Cluster {
     /// logs go to `$CURSORLOG_CLUSTER_LOGS/member-N.log` when that is set.
     pub fn dump_logs(&self) {
         self.dumped.store(true, Ordering::Relaxed);
-        let Ok(nodes) = self.nodes.lock() else { return };
-        for (i, node) in nodes.iter().enumerate() {
+        let Ok(mut nodes) = self.nodes.lock() else {
+            return;
+        };
+        for (i, node) in nodes.iter_mut().enumerate() {
             let Some(node) = node else { continue };
-            let logs = node.logs();
+            let mut logs = node.logs();
+            if let Some(status) = node.exited() {
+                logs.push_str(&format!(
+                    "(the harness: this member's process has ended: {status})\n"
+                ));
+            }
             if let Some(dir) = std::env::var_os("CURSORLOG_CLUSTER_LOGS") {
                 let path = Path::new(&dir).join(format!("member-{}.log", i + 1));
                 let _ = std::fs::write(path, &logs);

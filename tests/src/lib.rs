@@ -305,6 +305,12 @@ impl Server {
         self.stdout_lines.lock().unwrap().clone()
     }
 
+    /// How the process ended, if it has (a member that died under a test says how: a signal
+    /// leaves no line in its own log).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
