@@ -25,7 +25,10 @@ use crate::identity::{ClusterIdentity, IdentityError};
 use crate::network::{ClientOptions, NetworkFactory};
 use crate::state_machine::EngineStateMachine;
 use crate::types::{ClusterTiming, NodeId, Proposal as RaftProposal, Raft, RaftNode};
+
+mod check_quorum;
 use crate::SegmentLogStore;
+use check_quorum::watch_leading;
 
 /// How a node is started.
 #[derive(Debug, Clone)]
@@ -394,100 +397,6 @@ impl ReplicatedNode {
     }
 }
 
-/// Starts the one task per member that keeps "leads with a quorum" current: on every metrics
-/// change and on a tick, since openraft 0.10 has no check-quorum (a leader cut off stays
-/// `Leader`, and its metrics do not change while nothing answers it). One ticker for the
-/// member, not one per follow: 10,000 idle follows wait on the watch, not on 10,000 timers.
-fn watch_leading(
-    raft: Raft<EngineStateMachine>,
-    proposer: Arc<RaftProposer>,
-) -> (
-    tokio::sync::watch::Receiver<bool>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let tick = (proposer.quorum_timeout / 4).max(Duration::from_millis(10));
-    let task = tokio::spawn(async move {
-        let mut metrics = raft.metrics();
-        // The term in which this leader handed its lead over and stopped its heartbeats.
-        let mut silenced: Option<u64> = None;
-        loop {
-            let (now, successor, leading, term) = {
-                let m = metrics.borrow_watched();
-                let now = proposer.leads_with_quorum(&m);
-                let leading = leads(&m, proposer.id);
-                // Still leader in openraft's eyes, but no quorum answered for its lease.
-                let lost = !now && *tx.borrow() && leading;
-                (
-                    now,
-                    lost.then(|| successor(&m, proposer.id)).flatten(),
-                    leading,
-                    m.current_term,
-                )
-            };
-            if heartbeats_back(silenced, term, leading, now) {
-                raft.runtime_config().heartbeat(true);
-                silenced = None;
-            }
-            if let Some(to) = successor {
-                // A leader whose inbound links are cut still reaches its followers: its
-                // heartbeats would keep their election timers from ever running out, so a
-                // follower that did not hear the transfer could not replace it.
-                raft.runtime_config().heartbeat(false);
-                silenced = Some(term);
-                // Hand the lead over instead of waiting out the followers' leases: a leader
-                // whose inbound links are cut still reaches them, and each one that hears
-                // the transfer drops the lease at once (the chosen one elects at once, by
-                // transfer, if its log is as long as this leader's). Without it a new leader
-                // came only after this one's lease, the followers' and an election timeout,
-                // 2.0-2.4 s with 400 ms elections.
-                tracing::info!(
-                    to,
-                    "no quorum answered for the leader lease: handing the lead over"
-                );
-                if raft.trigger().transfer_leader(to).await.is_err() {
-                    tx.send_replace(false);
-                    return;
-                }
-            }
-            tx.send_if_modified(|was| std::mem::replace(was, now) != now);
-            if let Ok(Err(_)) = tokio::time::timeout(tick, metrics.changed()).await {
-                // The Raft core ended: nothing leads here any more.
-                tx.send_replace(false);
-                return;
-            }
-        }
-    });
-    (rx, task)
-}
-
-/// Whether a member that stopped its heartbeats when it handed its lead over in term
-/// `silenced` must send them again: a quorum answers again, another member leads, or any
-/// newer term began. The setting outlives the term, and only heartbeats renew openraft's
-/// quorum clock: a member elected again in a later term before this watch saw it step
-/// down (the watch samples the latest metrics) stayed silent, so it could never confirm
-/// its quorum, refused every call and let its followers' election timers run out, term
-/// after term (a 300-fault history run's final phase: the forced leader lost its lead
-/// every few seconds on a quiet machine, terms past 1,100).
-fn heartbeats_back(silenced: Option<u64>, term: u64, leading: bool, with_quorum: bool) -> bool {
-    silenced.is_some_and(|in_term| with_quorum || !leading || term != in_term)
-}
-
-/// The voter other than `id` that acknowledged the most of the leader's log (the lowest id
-/// among equals), to hand the lead to; `None` when `id` is the only voter.
-fn successor(m: &openraft::RaftMetrics<crate::types::TypeConfig>, id: NodeId) -> Option<NodeId> {
-    let matched = |v: &NodeId| {
-        m.replication
-            .as_ref()
-            .and_then(|r| r.get(v).cloned().flatten())
-            .map(|l| l.index)
-    };
-    m.membership_config
-        .voter_ids()
-        .filter(|v| *v != id)
-        .max_by(|a, b| matched(a).cmp(&matched(b)).then(b.cmp(a)))
-}
-
 /// Whether the metrics say node `id` leads: in the leader state and naming itself (a leader
 /// removed from the membership steps down to another state while it may still name itself).
 fn leads(m: &openraft::RaftMetrics<crate::types::TypeConfig>, id: NodeId) -> bool {
@@ -736,25 +645,5 @@ impl Proposer for RaftProposer {
             }
             settle.settle(out);
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::heartbeats_back;
-
-    #[test]
-    fn heartbeats_come_back_in_any_later_term_and_only_stay_off_in_the_silenced_one() {
-        // Never silenced: nothing to turn back on.
-        assert!(!heartbeats_back(None, 7, true, false));
-        // Still leading in the term it handed over, still without a quorum: stay silent
-        // (its heartbeats would keep the followers from electing anybody else).
-        assert!(!heartbeats_back(Some(5), 5, true, false));
-        // A quorum answers again, or another member leads.
-        assert!(heartbeats_back(Some(5), 5, true, true));
-        assert!(heartbeats_back(Some(5), 6, false, false));
-        // Elected again in a later term before the watch saw it step down: only heartbeats
-        // renew the quorum clock, so without them it could never confirm its lead.
-        assert!(heartbeats_back(Some(5), 7, true, false));
     }
 }

@@ -243,3 +243,58 @@ async fn a_keep_alive_sent_to_a_follower_is_redirected_to_the_leader() {
             .unwrap();
     }
 }
+
+/// Check-quorum's handover when nobody can take it. The leader, cut off inbound, hands its
+/// lead to a follower and silences its heartbeats; then both followers lose every outgoing
+/// link (the successor cannot campaign, the other cannot answer anyone) while the leader's
+/// own links come back. Nobody else can be elected, so the silent leader must look for its
+/// quorum again and serve. Before, it stayed silent in its term, refusing every call, for as
+/// long as the followers' links stayed cut: the 300-fault history run's final phase, whose
+/// way of forcing a member's lead cuts the other members' outgoing links exactly so, lost
+/// its forced leader every second or two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_whose_handover_nobody_could_take_leads_again() {
+    use cursorlog_tests::proxy::Mode;
+
+    let cluster = std::sync::Arc::new(Cluster::start(&TIMING).await);
+    let _dump = DumpOnPanic(std::sync::Arc::clone(&cluster));
+    let old = cluster.leader(None).await;
+    let others: Vec<usize> = (0..3).filter(|i| *i != old).collect();
+    cluster.wait_caught_up(old).await;
+
+    // Its inbound links cut (it still reaches the others), and the followers cut from each
+    // other: it loses its quorum and hands over to a follower that cannot win.
+    cluster.isolate(old, false, true);
+    cluster.link(others[0], others[1], Mode::Blackhole);
+    cluster.link(others[1], others[0], Mode::Blackhole);
+    cluster.wait_for_log(old, "handing the lead over").await;
+
+    // Now only the followers' outgoing links are cut: the leader's calls and their answers
+    // flow, nobody else can be elected.
+    for &j in &others {
+        cluster.link(old, j, Mode::Pass);
+        cluster.link(j, old, Mode::Blackhole);
+    }
+    let began = Instant::now();
+    let deadline = began + std::time::Duration::from_secs(30);
+    loop {
+        let mut c = cluster.client(old);
+        let open = c.open_session(pb::OpenSessionRequest {
+            session: "after the handover".into(),
+            state: None,
+        });
+        match tokio::time::timeout(RPC_TIMEOUT, open).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(s)) => assert_eq!(s.code(), Code::Unavailable, "{s:?}"),
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member {} refused every call for {:?} after a handover nobody could take",
+            old + 1,
+            began.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    cluster.heal();
+}
