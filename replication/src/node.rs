@@ -25,10 +25,10 @@ use crate::identity::{ClusterIdentity, IdentityError};
 use crate::network::{ClientOptions, NetworkFactory};
 use crate::state_machine::EngineStateMachine;
 use crate::types::{ClusterTiming, NodeId, Proposal as RaftProposal, Raft, RaftNode};
-
-mod check_quorum;
 use crate::SegmentLogStore;
 use check_quorum::watch_leading;
+
+mod check_quorum;
 
 /// How a node is started.
 #[derive(Debug, Clone)]

@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::async_runtime::WatchReceiver as _;
+use openraft::raft::VoteRequest;
 
 use super::{leads, RaftProposer};
 use crate::state_machine::EngineStateMachine;
 use crate::types::{NodeId, Raft, TypeConfig, Vote};
-use openraft::raft::VoteRequest;
 
 /// How many quorum timeouts a leader that handed its lead over stays in place before it steps
 /// down: by then its followers had their election timeouts and the chosen successor its
@@ -68,11 +68,11 @@ pub(super) fn watch_leading(
                     silenced = None;
                 }
                 Silence::StepDown => {
-                    let Some(handover) = silenced.take() else {
-                        unreachable!("after_silence steps down only a silenced leader")
-                    };
                     raft.runtime_config().heartbeat(true);
-                    step_down(&raft, handover).await;
+                    // `after_silence` steps down only a silenced leader.
+                    if let Some(handover) = silenced.take() {
+                        step_down(&raft, handover).await;
+                    }
                 }
             }
             if let Some(to) = successor {
