@@ -63,11 +63,14 @@ impl Node {
 /// without `authorization: Bearer <token>` (as the server crate's interceptor does) and the
 /// node's client sends it.
 async fn start(id: NodeId, token: Option<&str>) -> Node {
+    start_timed(id, token, ClusterTiming::default()).await
+}
+
+/// [`start`] with the given timing.
+async fn start_timed(id: NodeId, token: Option<&str>, timing: ClusterTiming) -> Node {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("local addr").to_string();
-    let config = ClusterTiming::default()
-        .config("transport-test")
-        .expect("valid timing");
+    let config = timing.config("transport-test").expect("valid timing");
     let mut options = ClientOptions::new();
     if let Some(token) = token {
         options = options.with_token(token).expect("ascii token");
@@ -110,9 +113,14 @@ async fn start(id: NodeId, token: Option<&str>) -> Node {
 
 /// Starts nodes `ids` and initializes them as one cluster.
 async fn cluster(ids: impl IntoIterator<Item = NodeId>) -> Vec<Node> {
+    cluster_timed(ids, ClusterTiming::default()).await
+}
+
+/// [`cluster`] with the given timing.
+async fn cluster_timed(ids: impl IntoIterator<Item = NodeId>, timing: ClusterTiming) -> Vec<Node> {
     let mut nodes = Vec::new();
     for id in ids {
-        nodes.push(start(id, None).await);
+        nodes.push(start_timed(id, None, timing.clone()).await);
     }
     let members: BTreeMap<NodeId, RaftNode> = nodes.iter().map(|n| (n.id, n.member())).collect();
     nodes[0].raft.initialize(members).await.expect("initialize");
@@ -413,7 +421,14 @@ async fn a_refused_connection_is_unreachable() {
 /// follower, which dropped its lease on the same transfer, elects it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_whose_log_misses_the_leaders_last_entry_still_takes_the_lead() {
-    let nodes = cluster(1..=3).await;
+    // Election timeouts far beyond the wait below: no follower campaigns on its own, so
+    // only the transfer can move the lead.
+    let timing = ClusterTiming {
+        election_min: Duration::from_secs(60),
+        election_max: Duration::from_secs(90),
+        ..ClusterTiming::default()
+    };
+    let nodes = cluster_timed(1..=3, timing).await;
     let leader = agreed_leader(&nodes, None).await;
     let last = write(node(&nodes, leader), 0..20).await;
     all_applied(&nodes, last, &(0..20).map(records).collect::<Vec<_>>()).await;
@@ -427,8 +442,12 @@ async fn a_successor_whose_log_misses_the_leaders_last_entry_still_takes_the_lea
     beyond.index += 10;
     let successor = nodes.iter().find(|n| n.id != leader).expect("a follower");
     let transfer = openraft::raft::TransferLeaderRequest::new(m.vote, successor.id, Some(beyond));
-    // Sent to both followers at once, as openraft's broadcast does. The leader keeps
-    // heartbeating: only the transfer can move the lead.
+    // A leader that hands over stops heartbeating (openraft's transfer mark, and the
+    // check-quorum watch's switch): so does this one, or its next heartbeat would renew the
+    // lease the transfer just dropped on the other follower, before the successor's
+    // pre-vote reaches it (a race a loaded machine lost: the successor stayed a follower).
+    node(&nodes, leader).raft.runtime_config().heartbeat(false);
+    // Sent to both followers at once, as openraft's broadcast does.
     let sends = nodes.iter().filter(|n| n.id != leader).map(|follower| {
         let mut client = client_to(follower, ClientOptions::new());
         let transfer = transfer.clone();
