@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
@@ -371,11 +372,18 @@ async fn read_side(
             return Ok(());
         };
         permit.forget();
-        from.readable().await?;
-        let n = match from.try_read(&mut buf) {
+        // `async_io` waits again when the socket only looked readable (tokio's readiness
+        // has false positives): the room taken above is spent on a real read or given back,
+        // never lost to a wake-up without data.
+        let read = from
+            .async_io(Interest::READABLE, || from.try_read(&mut buf))
+            .await;
+        let n = match read {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+            Err(e) => {
+                room.add_permits(CHUNK);
+                return Err(e);
+            }
         };
         // Give back the room this read did not use.
         room.add_permits(CHUNK - n);
@@ -460,12 +468,10 @@ async fn wait_deliverable(
 
 async fn write_all(to: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
-        to.writable().await?;
-        match to.try_write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
+        let n = to
+            .async_io(Interest::WRITABLE, || to.try_write(bytes))
+            .await?;
+        bytes = &bytes[n..];
     }
     Ok(())
 }

@@ -370,3 +370,24 @@ async fn a_blackhole_holds_a_bounded_amount_then_delivers_everything_in_order() 
     let _client = timeout(GUARD, send).await.unwrap().unwrap();
     assert_eq!(proxy.stats().bytes_upstream, TOTAL as u64);
 }
+
+/// A long-lived connection keeps forwarding however often its reads wake without data.
+/// tokio's readiness may report a socket readable when it is not (its docs call these false
+/// positives; a round trip of small messages makes them common). The proxy once took a
+/// read's room before learning that and never gave it back: after about 64 such wake-ups a
+/// direction had no room left and stopped reading for good, with the link in `Pass` (a
+/// 100-fault history run wedged every member's replication connection that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_connection_never_runs_out_of_room() {
+    let (echo, _ends) = echo_server().await;
+    let proxy = Proxy::start(echo).await.unwrap();
+    let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+    client.set_nodelay(true).unwrap();
+    // Each round trip is a few bytes, far below the room a direction holds: only lost room
+    // can stop them.
+    for i in 0..20_000_u32 {
+        let message = i.to_le_bytes();
+        client.write_all(&message).await.unwrap();
+        assert_eq!(read_n(&mut client, 4).await, message, "round trip {i}");
+    }
+}
