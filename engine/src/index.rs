@@ -19,12 +19,14 @@ mod flush;
 mod idhash;
 mod keys;
 mod layer;
+mod snapshot;
 mod stored;
 mod task;
 mod txn;
 
 pub(crate) use idhash::IdHashing;
 pub(crate) use keys::*;
+pub(crate) use snapshot::IndexSnapshot;
 use stored::{decode_value, encode_value};
 pub(crate) use stored::{StoreResult, StoredSession, StoredStream};
 pub(crate) use task::*;
@@ -356,6 +358,17 @@ impl Index {
         streams
     }
 
+    /// Sessions and streams as of one moment: while the snapshot lives no commit lands in
+    /// the memtable and no flush retires a layer, so two reads through it never straddle a
+    /// write (an epoch advance changes a session and its streams in one commit). Hold it
+    /// only for a few point reads: commits wait for it.
+    pub(crate) fn snapshot(&self) -> IndexSnapshot<'_> {
+        IndexSnapshot {
+            index: self,
+            mem: self.mem(),
+        }
+    }
+
     /// Entries waiting in the memtable.
     pub(crate) fn memtable_len(&self) -> usize {
         self.mem().active.len()
@@ -438,20 +451,7 @@ impl Index {
     /// raised heads applied.
     fn overlay_range(&self, start: &[u8], end: Option<&[u8]>) -> Result<Overlay> {
         let mut out = Overlay::new();
-        let raised = {
-            let mem = self.mem();
-            let layers = mem
-                .flushing
-                .as_deref()
-                .into_iter()
-                .chain(std::iter::once(&mem.active));
-            let mut raised = Vec::new();
-            for layer in layers {
-                layer.range_into(start, end, &mut out);
-                raised.extend(layer.heads_in(start, end));
-            }
-            raised
-        };
+        let raised = layers_range(&self.mem(), start, end, &mut out);
         for id in raised {
             out.insert(stream_key(id).to_vec(), self.stream_value(id)?);
         }
@@ -471,23 +471,20 @@ impl Index {
 
     /// The newest value written for stream `id` and the newest head raised over it, apart.
     fn stream_parts(&self, id: u64) -> Result<(Option<Vec<u8>>, Option<u64>)> {
-        let key = stream_key(id);
-        let (value, head) = {
-            let mem = self.mem();
-            let mut head = None;
-            let mut value = None;
-            for layer in std::iter::once(&mem.active).chain(mem.flushing.as_deref()) {
-                head = head.or_else(|| layer.heads.get(&id).copied());
-                if let Some(v) = layer.kv.get(key.as_slice()) {
-                    value = Some(v.clone());
-                    break;
-                }
-            }
-            (value, head)
-        };
+        // The memtable's lock is let go before sled is read.
+        let in_memory = stream_in_memory(&self.mem(), id);
+        self.stream_parts_from(in_memory, id)
+    }
+
+    /// [`Index::stream_parts`], completed from sled where the memtable had no value.
+    fn stream_parts_from(
+        &self,
+        (value, head): (Option<Option<Vec<u8>>>, Option<u64>),
+        id: u64,
+    ) -> Result<(Option<Vec<u8>>, Option<u64>)> {
         let value = match value {
             Some(v) => v,
-            None => self.tree.get(key).store()?.map(|v| v.to_vec()),
+            None => self.tree.get(stream_key(id)).store()?.map(|v| v.to_vec()),
         };
         Ok((value, head))
     }
@@ -501,6 +498,18 @@ impl Index {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let overlay = self.overlay_range(start, end)?;
+        self.merge_range(overlay, start, end, limit)
+    }
+
+    /// `overlay` (the memtable's writes in `start..end`) merged over sled's entries there,
+    /// at most `limit`.
+    fn merge_range(
+        &self,
+        overlay: Overlay,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut stored = self.stored(start, end, false);
         let mut overlay = overlay.into_iter().peekable();
         let mut next_stored = stored.next()?;
@@ -672,6 +681,36 @@ impl KvRead for Index {
             .map(|(k, _)| k)
             .collect())
     }
+}
+
+/// The memtable's writes in `start..end` into `out` (newer layers over older), and the
+/// streams whose head a layer raised there.
+fn layers_range(mem: &Memtable, start: &[u8], end: Option<&[u8]>, out: &mut Overlay) -> Vec<u64> {
+    let layers = mem
+        .flushing
+        .as_deref()
+        .into_iter()
+        .chain(std::iter::once(&mem.active));
+    let mut raised = Vec::new();
+    for layer in layers {
+        layer.range_into(start, end, out);
+        raised.extend(layer.heads_in(start, end));
+    }
+    raised
+}
+
+/// What the memtable holds for stream `id`: its newest value (`Some(None)`: deleted; `None`:
+/// not in the memtable) and the newest head raised over it.
+fn stream_in_memory(mem: &Memtable, id: u64) -> (Option<Option<Vec<u8>>>, Option<u64>) {
+    let key = stream_key(id);
+    let mut head = None;
+    for layer in std::iter::once(&mem.active).chain(mem.flushing.as_deref()) {
+        head = head.or_else(|| layer.heads.get(&id).copied());
+        if let Some(v) = layer.kv.get(key.as_slice()) {
+            return (Some(v.clone()), head);
+        }
+    }
+    (None, head)
 }
 
 impl StateView for Index {

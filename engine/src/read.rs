@@ -25,7 +25,9 @@ pub(crate) fn resolve(
     declared_stream: Option<u64>,
 ) -> Result<Resolution> {
     decide(
-        &shared.index,
+        // One moment's session and stream: a write between the two reads would give a
+        // verdict of no moment (a stream superseded under the old epoch).
+        &shared.index.snapshot(),
         session,
         cursor,
         declared_stream,

@@ -34,7 +34,10 @@ fn task_id(shared: &Shared, task: &TaskRef) -> Result<Option<u64>> {
 
 /// Task `id` as a lookup sees it now.
 pub(crate) fn view_of(shared: &Shared, id: u64, include_outcome: bool) -> Result<TaskView> {
-    let index = &shared.index;
+    // The task, its outcome, its input slots and its queues as of one moment: a write
+    // between two of these reads would give a view of no moment (`Index::snapshot`).
+    let snapshot = shared.index.snapshot();
+    let index = &snapshot;
     let Some(stored) = index.stored_task(id)? else {
         return Ok(unknown());
     };

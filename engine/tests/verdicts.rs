@@ -647,3 +647,47 @@ fn async_append_matches_blocking_append() {
         &b"x"[..]
     );
 }
+
+/// A verdict reads the session and the stream as of one moment, never half-way through a
+/// write that changes both. An epoch advance supersedes the session's open streams and
+/// raises its epoch in one apply; a Resolve that read the session before that apply and
+/// the stream after it answered "terminated, superseded" with the old epoch current, a
+/// state that never existed (the cluster's history checker caught it on a live member).
+#[test]
+fn a_verdict_is_never_read_half_way_through_an_epoch_advance() {
+    let f = open();
+    let e = &f.engine;
+    for round in 0..300 {
+        let session = format!("s{round}");
+        let (epoch, id) = stream(e, &session, None);
+        let cursor = Cursor {
+            epoch,
+            stream: id,
+            seq: 0,
+        }
+        .to_string();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let mut reads = 0_u64;
+                loop {
+                    let r = e.resolve(&session, &cursor, None).unwrap();
+                    reads += 1;
+                    match (r.verdict, r.facts.current_epoch, r.facts.stream_state) {
+                        (Verdict::Resumable, Some(1), Some(StreamState::Open)) => {}
+                        (Verdict::EpochMismatch, Some(2), None) => return reads,
+                        other => {
+                            panic!("round {round}, read {reads}: a verdict of no moment: {other:?}")
+                        }
+                    }
+                    if done.load(std::sync::atomic::Ordering::SeqCst) && reads > 1_000_000 {
+                        panic!("round {round}: the advance never showed");
+                    }
+                }
+            });
+            e.advance_epoch(&session).unwrap();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            reader.join().unwrap()
+        });
+    }
+}

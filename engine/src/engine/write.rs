@@ -150,17 +150,20 @@ impl Engine {
     /// Invalid id; index failures.
     pub fn session(&self, session: &str) -> Result<Option<SessionView>> {
         self.check_id("session", session)?;
-        let index = &self.inner.shared.index;
+        // The epoch and the state as of one moment (`Index::snapshot`).
+        let index = self.inner.shared.index.snapshot();
         let Some(s) = index.stored_session(session)? else {
             return Ok(None);
         };
+        let state = index.session_state(session)?.unwrap_or_default();
+        drop(index);
         self.touch(session);
         Ok(Some(SessionView {
             session: s.meta.id,
             epoch: s.meta.epoch,
             opened_at_ms: s.meta.opened_at_ms,
             expired: s.meta.expired_at_ms.is_some(),
-            state: index.session_state(session)?.unwrap_or_default(),
+            state,
         }))
     }
 
