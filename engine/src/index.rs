@@ -637,26 +637,12 @@ impl KvRead for Index {
         if let Some(id) = split_stream_key(key) {
             return self.stream_value(id);
         }
-        {
-            let mem = self.mem();
-            if let Some(v) = mem.active.get(key) {
-                return Ok(v);
-            }
-            if let Some(v) = mem.flushing.as_ref().and_then(|f| f.get(key)) {
-                return Ok(v);
-            }
+        // The memtable's lock is let go before sled is read.
+        let in_memory = memtable_get(&self.mem(), key);
+        match in_memory {
+            Some(v) => Ok(v),
+            None => self.stored_get(key, |start, end| self.range(start, Some(end), 1)),
         }
-        if split_event_key(key).is_some() {
-            // A run start lives in its chunk.
-            let mut after = key.to_vec();
-            after.push(0);
-            return Ok(self
-                .range(key, Some(&after), 1)?
-                .pop()
-                .filter(|(k, _)| k == key)
-                .map(|(_, v)| v));
-        }
-        Ok(self.tree.get(key).store()?.map(|v| v.to_vec()))
     }
 
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -675,12 +661,42 @@ impl KvRead for Index {
     }
 
     fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
-        Ok(self
-            .range(start, Some(end), usize::MAX)?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect())
+        Ok(keys(self.range(start, Some(end), usize::MAX)?))
     }
+}
+
+impl Index {
+    /// A key the memtable does not hold, from sled: a run start from its chunk (through
+    /// `range`, the caller's merged range of `key..end`), anything else as sled has it.
+    fn stored_get(
+        &self,
+        key: &[u8],
+        range: impl FnOnce(&[u8], &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>,
+    ) -> Result<Option<Vec<u8>>> {
+        if split_event_key(key).is_some() {
+            // A run start lives in its chunk.
+            let mut after = key.to_vec();
+            after.push(0);
+            return Ok(range(key, &after)?
+                .pop()
+                .filter(|(k, _)| k == key)
+                .map(|(_, v)| v));
+        }
+        Ok(self.tree.get(key).store()?.map(|v| v.to_vec()))
+    }
+}
+
+/// What the memtable holds for `key` (`Some(None)`: deleted; `None`: not there), newest
+/// layer first.
+fn memtable_get(mem: &Memtable, key: &[u8]) -> Option<Option<Vec<u8>>> {
+    mem.active
+        .get(key)
+        .or_else(|| mem.flushing.as_ref().and_then(|f| f.get(key)))
+}
+
+/// The keys of `entries`.
+fn keys(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<Vec<u8>> {
+    entries.into_iter().map(|(k, _)| k).collect()
 }
 
 /// The memtable's writes in `start..end` into `out` (newer layers over older), and the

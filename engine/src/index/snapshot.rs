@@ -8,13 +8,11 @@
 use std::sync::RwLockReadGuard;
 
 use super::{
-    layers_range, prefix_end, raise_head, split_event_key, split_stream_key, stream_in_memory,
+    keys, layers_range, memtable_get, prefix_end, raise_head, split_stream_key, stream_in_memory,
     stream_key, Index, KvRead, Memtable, Overlay,
 };
 use crate::error::Result;
 use crate::state::{SessionMeta, StateView, StreamMeta};
-
-use super::StoreResult as _;
 
 /// Reads of the index as of one moment (see [`Index::snapshot`]).
 pub(crate) struct IndexSnapshot<'a> {
@@ -65,22 +63,12 @@ impl KvRead for IndexSnapshot<'_> {
         if let Some(id) = split_stream_key(key) {
             return self.stream_value(id);
         }
-        if let Some(v) = self.mem.active.get(key) {
-            return Ok(v);
+        match memtable_get(&self.mem, key) {
+            Some(v) => Ok(v),
+            None => self
+                .index
+                .stored_get(key, |start, end| self.range(start, Some(end), 1)),
         }
-        if let Some(v) = self.mem.flushing.as_ref().and_then(|f| f.get(key)) {
-            return Ok(v);
-        }
-        if split_event_key(key).is_some() {
-            let mut after = key.to_vec();
-            after.push(0);
-            return Ok(self
-                .range(key, Some(&after), 1)?
-                .pop()
-                .filter(|(k, _)| k == key)
-                .map(|(_, v)| v));
-        }
-        Ok(self.index.tree.get(key).store()?.map(|v| v.to_vec()))
     }
 
     fn raw_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -88,11 +76,7 @@ impl KvRead for IndexSnapshot<'_> {
     }
 
     fn raw_range_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
-        Ok(self
-            .range(start, Some(end), usize::MAX)?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect())
+        Ok(keys(self.range(start, Some(end), usize::MAX)?))
     }
 }
 
