@@ -195,3 +195,7 @@ pub const VIOLATIONS_PER_SESSION: usize = 10;
 #[cfg(test)]
 #[path = "history_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "history_stream_tests.rs"]
+mod stream_tests;

@@ -4,10 +4,10 @@
 use super::*;
 use tonic::{Code, Status};
 
-const BUDGET: usize = 200_000;
+pub(super) const BUDGET: usize = 200_000;
 
 /// A call of `client` to member `member` from `start` to `end` (ms).
-fn op(client: usize, start: u64, end: u64, call: Call, answer: Answer) -> Op {
+pub(super) fn op(client: usize, start: u64, end: u64, call: Call, answer: Answer) -> Op {
     Op {
         client,
         member: client % 3,
@@ -20,22 +20,22 @@ fn op(client: usize, start: u64, end: u64, call: Call, answer: Answer) -> Op {
     }
 }
 
-fn refused(code: Code, message: &str) -> Answer {
+pub(super) fn refused(code: Code, message: &str) -> Answer {
     Answer::from_status(&Status::new(code, message))
 }
 
-fn unknown() -> Answer {
+pub(super) fn unknown() -> Answer {
     Answer::from_status(&Status::new(Code::Unavailable, "deadline"))
 }
 
-fn opened_session(epoch: u64, created: bool) -> Answer {
+pub(super) fn opened_session(epoch: u64, created: bool) -> Answer {
     Answer::Session {
         epoch,
         created: Some(created),
     }
 }
 
-fn appended(first: u64, last: u64) -> Answer {
+pub(super) fn appended(first: u64, last: u64) -> Answer {
     Answer::Appended {
         first,
         last,
@@ -43,17 +43,24 @@ fn appended(first: u64, last: u64) -> Answer {
     }
 }
 
-fn append(stream: u64, expected: u64, events: u64) -> Call {
+pub(super) fn append(stream: u64, expected: u64, events: u64) -> Call {
     Call::Append {
         stream,
         expected,
         events,
+        tag: tag_of(stream, expected),
+        via: Via::Unary,
     }
+}
+
+/// The tag of the one call in these histories that writes at `expected` on `stream`.
+pub(super) fn tag_of(stream: u64, expected: u64) -> u64 {
+    stream * 1000 + expected
 }
 
 /// Session S created, stream 10 opened at epoch 1, `n` events appended one by one, all in
 /// sequence (client 0), ending at time `10 * (n + 2)` ms.
-fn setup(n: u64) -> Vec<Op> {
+pub(super) fn setup(n: u64) -> Vec<Op> {
     let mut h = vec![
         op(0, 0, 5, Call::OpenSession, opened_session(1, true)),
         op(
@@ -79,14 +86,14 @@ fn setup(n: u64) -> Vec<Op> {
     h
 }
 
-fn assert_ok(h: &[Op]) {
+pub(super) fn assert_ok(h: &[Op]) {
     match check_key(h, BUDGET) {
         Verdict::Ok => {}
         v => panic!("a valid history was rejected: {v:?}"),
     }
 }
 
-fn assert_violation(h: &[Op]) -> Vec<Op> {
+pub(super) fn assert_violation(h: &[Op]) -> Vec<Op> {
     match check_key(h, BUDGET) {
         Verdict::Violation { witness, stuck } => {
             eprintln!("witness:\n{}", {
@@ -135,6 +142,8 @@ fn a_sequential_history_is_accepted() {
         Call::Complete {
             stream: 10,
             expected: 4,
+            tag: tag_of(10, 4),
+            via: Via::Unary,
         },
         Answer::Completed {
             terminal_seq: 4,

@@ -39,10 +39,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cursorlog_tests::cluster::{Cluster, DumpOnPanic, MEMBERS, RPC_TIMEOUT, WAIT};
-use cursorlog_tests::history::{self, Answer, Call, Claim, Op, Phase, Recorder, Verdict};
+use cursorlog_tests::history::{
+    self, Answer, Call, Delivered, FollowEnd, Op, Recorder, Verdict, Via,
+};
 use cursorlog_tests::proxy::Mode;
-use cursorlog_tests::{absorb, event, pb, ReadAll};
+use cursorlog_tests::{absorb, pb, ReadAll};
 use tonic::Status;
+
+#[path = "cluster_history/workload.rs"]
+mod workload;
+
+use workload::{choose, send, Rng, SessionView, CALL_TIMEOUT};
 
 /// As `cluster_faults`: 600 ms elections and 100 ms heartbeats on a loaded 2-core machine.
 /// A short drain: the final stop of all members must not wait on calls the harness left
@@ -58,8 +65,6 @@ const TIMING: [&str; 8] = [
     "2",
 ];
 
-/// How long a client waits for an answer before it records the call as outcome-unknown.
-const CALL_TIMEOUT: Duration = Duration::from_millis(2500);
 /// A client's pause between calls (pacing, so a session's history stays tens of calls long).
 const PACE: Duration = Duration::from_millis(40);
 /// Calls per session before clients move on to a fresh one (keeps each key's search small).
@@ -108,124 +113,6 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-/// What the clients have learned of one stream (from answers; a hint, never trusted).
-#[derive(Debug, Clone)]
-struct StreamView {
-    id: u64,
-    epoch: u64,
-    head: u64,
-    open: bool,
-}
-
-/// What the clients have learned of one session.
-#[derive(Debug, Clone)]
-struct SessionView {
-    name: String,
-    epoch: u64,
-    streams: Vec<StreamView>,
-    /// The session's task, once an answer showed it: its version and whether it runs.
-    task: Option<(u64, bool)>,
-    calls: usize,
-}
-
-impl SessionView {
-    fn new(name: String) -> Self {
-        Self {
-            name,
-            epoch: 0,
-            streams: Vec::new(),
-            task: None,
-            calls: 0,
-        }
-    }
-
-    /// Learns from an answer.
-    fn learn(&mut self, call: &Call, answer: &Answer) {
-        let stream = match call {
-            Call::Append { stream, .. }
-            | Call::Complete { stream, .. }
-            | Call::KeepAlive { stream }
-            | Call::Resolve { stream, .. } => Some(*stream),
-            _ => None,
-        };
-        let s = stream.and_then(|id| self.streams.iter_mut().find(|s| s.id == id));
-        match answer {
-            Answer::Session { epoch, .. } => self.epoch = self.epoch.max(*epoch),
-            Answer::Advanced { epoch, .. } => {
-                self.epoch = self.epoch.max(*epoch);
-                for s in &mut self.streams {
-                    if s.epoch < *epoch {
-                        s.open = false;
-                    }
-                }
-            }
-            Answer::Opened { stream, epoch } => self.streams.push(StreamView {
-                id: *stream,
-                epoch: *epoch,
-                head: 0,
-                open: true,
-            }),
-            Answer::Appended { last, .. } => {
-                if let Some(s) = s {
-                    s.head = s.head.max(*last);
-                }
-            }
-            Answer::Completed { terminal_seq, .. } => {
-                if let Some(s) = s {
-                    s.head = s.head.max(*terminal_seq);
-                    s.open = false;
-                }
-            }
-            Answer::Resolved { head, phase, .. } => {
-                if let Some(s) = s {
-                    s.head = s.head.max(head.unwrap_or(0));
-                    s.open &= phase.is_none_or(|p| p == Phase::Open);
-                }
-            }
-            Answer::Task {
-                version, status, ..
-            } => self.task = Some((*version, *status == 1 || *status == 2)),
-            Answer::TaskRead {
-                found: Some((version, status)),
-            } => self.task = Some((*version, *status == 1 || *status == 2)),
-            Answer::Refused { claim, .. } => match (claim, s) {
-                (Claim::StaleEpoch { current }, _) => self.epoch = self.epoch.max(*current),
-                (Claim::TaskVersion(v), _) => {
-                    if let Some(t) = &mut self.task {
-                        t.0 = *v;
-                    }
-                }
-                (Claim::TaskEnded { .. }, _) => {
-                    if let Some(t) = &mut self.task {
-                        t.1 = false;
-                    }
-                }
-                (Claim::Head(h), Some(s)) => s.head = s.head.max(*h),
-                (Claim::Terminated { .. }, Some(s)) => s.open = false,
-                _ => {}
-            },
-            _ => {}
-        }
-    }
 }
 
 /// Everything the clients and the nemesis share.
@@ -310,286 +197,6 @@ impl Shared {
     }
 }
 
-/// The next call a client makes on `view`.
-fn choose(view: &SessionView, rng: &mut Rng) -> Call {
-    if view.epoch == 0 {
-        return Call::OpenSession;
-    }
-    let open: Vec<&StreamView> = view.streams.iter().filter(|s| s.open).collect();
-    let any_stream = |rng: &mut Rng| -> Option<&StreamView> {
-        // Mostly open streams; sometimes an ended one (its answers are claims too).
-        if !open.is_empty() && rng.below(5) > 0 {
-            Some(open[rng.below(open.len())])
-        } else if view.streams.is_empty() {
-            None
-        } else {
-            Some(&view.streams[rng.below(view.streams.len())])
-        }
-    };
-    if rng.below(100) < 15 {
-        return choose_task(view, rng);
-    }
-    let r = rng.below(100);
-    let stream = any_stream(rng);
-    match (r, stream) {
-        (0..=4, _) => Call::OpenSession,
-        (5..=9, _) => Call::GetSession,
-        (10..=12, _) => Call::AdvanceEpoch,
-        (13..=24, _) | (_, None) => Call::OpenStream {
-            // Now and then an epoch that may be stale.
-            epoch: if rng.below(10) == 0 {
-                view.epoch.saturating_sub(1).max(1)
-            } else {
-                view.epoch
-            },
-        },
-        (25..=61, Some(s)) => Call::Append {
-            stream: s.id,
-            expected: s.head + 1,
-            events: 1 + rng.below(2) as u64,
-        },
-        (62..=66, Some(s)) => Call::Complete {
-            stream: s.id,
-            expected: s.head + 1,
-        },
-        (67..=81, Some(s)) => Call::KeepAlive { stream: s.id },
-        (_, Some(s)) => Call::Resolve {
-            stream: s.id,
-            epoch: s.epoch,
-        },
-    }
-}
-
-/// A call on the session's task: created first (and now and then again, a retry by its
-/// request key), then status changes (some restating, some compare-and-set on the version
-/// last seen), an end, reads.
-fn choose_task(view: &SessionView, rng: &mut Rng) -> Call {
-    let Some((version, _)) = view.task else {
-        return Call::CreateTask;
-    };
-    let expected = (rng.below(2) == 0).then_some(version);
-    match rng.below(100) {
-        0..=4 => Call::CreateTask,
-        5..=54 => Call::UpdateTask {
-            input: rng.below(2) == 0,
-            message: 1 + rng.below(2) as u64,
-            expected,
-        },
-        55..=64 => Call::FinishTask { expected },
-        _ => Call::GetTask,
-    }
-}
-
-/// The answer of a task write: the task as it is now.
-fn task_answer(task: Option<pb::Task>, duplicate: bool, created: Option<bool>) -> Answer {
-    let t = task.unwrap_or_default();
-    Answer::Task {
-        version: t.version,
-        status: t.status,
-        duplicate,
-        created,
-    }
-}
-
-/// Sends `call` to member `member` and turns the reply into an [`Answer`].
-async fn send(cluster: &Cluster, member: usize, session: &str, call: &Call, tag: u64) -> Answer {
-    let mut c = cluster.client(member);
-    let mut tasks = cluster.tasks(member);
-    let session = session.to_owned();
-    let payload = |k: u64| format!("{session}/{tag}/{k}").into_bytes();
-    let fut = async {
-        let answer: Result<Answer, Status> = match call {
-            Call::OpenSession => c
-                .open_session(pb::OpenSessionRequest {
-                    session: session.clone(),
-                    state: None,
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    Answer::Session {
-                        epoch: r.epoch,
-                        created: Some(r.created),
-                    }
-                }),
-            Call::GetSession => c
-                .get_session(pb::GetSessionRequest {
-                    session: session.clone(),
-                })
-                .await
-                .map(|r| Answer::Session {
-                    epoch: r.into_inner().epoch,
-                    created: None,
-                }),
-            Call::AdvanceEpoch => c
-                .advance_epoch(pb::AdvanceEpochRequest {
-                    session: session.clone(),
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    Answer::Advanced {
-                        epoch: r.epoch,
-                        superseded: r.superseded_streams,
-                    }
-                }),
-            Call::OpenStream { epoch } => c
-                .open_stream(pb::OpenStreamRequest {
-                    session: session.clone(),
-                    epoch: *epoch,
-                    correlation: None,
-                    lease_ms: None,
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    Answer::Opened {
-                        stream: r.stream,
-                        epoch: r.epoch,
-                    }
-                }),
-            Call::Append {
-                stream,
-                expected,
-                events,
-            } => c
-                .append(pb::AppendRequest {
-                    session: session.clone(),
-                    stream: *stream,
-                    expected_next_seq: Some(*expected),
-                    events: (0..*events).map(|k| event("h", &payload(k))).collect(),
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    Answer::Appended {
-                        first: r.first_seq,
-                        last: r.last_seq,
-                        duplicate: r.duplicate,
-                    }
-                }),
-            Call::Complete { stream, expected } => c
-                .complete(pb::CompleteRequest {
-                    session: session.clone(),
-                    stream: *stream,
-                    expected_next_seq: Some(*expected),
-                    terminal: Some(event("result", &payload(0))),
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    Answer::Completed {
-                        terminal_seq: r.terminal_seq,
-                        duplicate: r.duplicate,
-                    }
-                }),
-            Call::KeepAlive { stream } => c
-                .keep_alive(pb::KeepAliveRequest {
-                    session: session.clone(),
-                    stream: *stream,
-                })
-                .await
-                .map(|_| Answer::Alive),
-            Call::Resolve { stream, epoch } => c
-                .resolve(pb::ResolveRequest {
-                    session: session.clone(),
-                    last_event_id: format!("{epoch}-{stream}-0"),
-                    declared_stream: None,
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    Answer::Resolved {
-                        verdict: r.verdict,
-                        current_epoch: r.current_epoch,
-                        phase: r.stream_state.and_then(Phase::from_proto),
-                        head: r.head,
-                    }
-                }),
-            Call::CreateTask => tasks
-                .create_task(pb::CreateTaskRequest {
-                    owner: session.clone(),
-                    task_id: "t".into(),
-                    request_key: "k".into(),
-                    ..Default::default()
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    task_answer(r.task, false, Some(r.created))
-                }),
-            Call::UpdateTask {
-                input,
-                message,
-                expected,
-            } => tasks
-                .update_task(pb::UpdateTaskRequest {
-                    owner: session.clone(),
-                    task_id: "t".into(),
-                    expected_version: *expected,
-                    status: if *input {
-                        pb::TaskStatus::InputRequired
-                    } else {
-                        pb::TaskStatus::Working
-                    }
-                    .into(),
-                    status_message: Some(format!("m{message}")),
-                    ..Default::default()
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    task_answer(r.task, r.duplicate, None)
-                }),
-            Call::FinishTask { expected } => tasks
-                .finish_task(pb::FinishTaskRequest {
-                    owner: session.clone(),
-                    task_id: "t".into(),
-                    expected_version: *expected,
-                    status: pb::TaskStatus::Completed.into(),
-                    ..Default::default()
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    task_answer(r.task, r.duplicate, None)
-                }),
-            Call::GetTask => tasks
-                .get_task(pb::GetTaskRequest {
-                    owner: session.clone(),
-                    task_id: "t".into(),
-                    include_outcome: false,
-                })
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    const FOUND: i32 = 1;
-                    const UNKNOWN: i32 = 4;
-                    match r.verdict {
-                        FOUND => {
-                            let t = r.view.and_then(|v| v.task).unwrap_or_default();
-                            Answer::TaskRead {
-                                found: Some((t.version, t.status)),
-                            }
-                        }
-                        UNKNOWN => Answer::TaskRead { found: None },
-                        v => Answer::Refused {
-                            code: tonic::Code::Ok,
-                            message: format!("GetTask verdict {v} (the model never expires tasks)"),
-                            claim: Claim::Other,
-                        },
-                    }
-                }),
-        };
-        answer
-    };
-    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
-        Ok(Ok(a)) => a,
-        Ok(Err(status)) => Answer::from_status(&status),
-        Err(_) => Answer::timed_out(CALL_TIMEOUT),
-    }
-}
-
 /// One client: calls its member until told to stop, recording every call.
 async fn client(shared: Arc<Shared>, id: usize, member: usize, mut rng: Rng) {
     // Payloads unique across clients: no append is ever a retry of another client's.
@@ -606,11 +213,28 @@ async fn client(shared: Arc<Shared>, id: usize, member: usize, mut rng: Rng) {
             continue;
         }
         let view = shared.pick(&mut rng);
-        let call = choose(&view, &mut rng);
         tag += 1;
+        let call = choose(&view, &mut rng, tag);
         let phase = shared.phase();
         let start = shared.recorder.now();
-        let answer = send(&shared.cluster, member, &view.name, &call, tag).await;
+        let sent = send(&shared.cluster, member, &view.name, &call, &shared.recorder).await;
+        let answer = sent.answer;
+        if let (Some((resolution, at)), Call::Follow { stream, epoch }) = (sent.resolution, &call) {
+            // The read's resolution, as a `Resolve` that ended when it came.
+            shared.recorder.record_ended(Op {
+                client: id,
+                member,
+                session: view.name.clone(),
+                call: Call::Resolve {
+                    stream: *stream,
+                    epoch: *epoch,
+                },
+                start,
+                end: at,
+                answer: resolution,
+                phase: phase.clone(),
+            });
+        }
         shared.learn(&view.name, &call, &answer);
         if !matches!(
             answer,
@@ -931,7 +555,9 @@ async fn final_reads(shared: &Shared, sessions: &[SessionView]) {
             loop {
                 let leader = cluster.leader(None).await;
                 let start = shared.recorder.now();
-                let answer = send(cluster, leader, &s.name, &call, 0).await;
+                let answer = send(cluster, leader, &s.name, &call, &shared.recorder)
+                    .await
+                    .answer;
                 let done = !matches!(answer, Answer::Unknown { .. } | Answer::NotDone { .. });
                 shared.recorder.record(Op {
                     client: 99,
@@ -1289,6 +915,8 @@ fn injected_lies(ops: &[Op]) -> Vec<(&'static str, Vec<Op>)> {
                 stream: *stream,
                 expected: last + 1,
                 events: 1,
+                tag: u64::MAX,
+                via: Via::Unary,
             },
             refused(
                 tonic::Code::Aborted,
@@ -1301,6 +929,36 @@ fn injected_lies(ops: &[Op]) -> Vec<(&'static str, Vec<Op>)> {
             ),
         ));
         out.push(("a head below an acknowledged append", h));
+        // A follow that delivers, at the acknowledged seqs, events no call wrote there.
+        let mut h = session_of(o);
+        let epoch = h
+            .iter()
+            .find_map(|p| match (&p.call, &p.answer) {
+                (Call::OpenStream { .. }, Answer::Opened { stream: s, epoch }) if s == stream => {
+                    Some(*epoch)
+                }
+                _ => None,
+            })
+            .unwrap_or(1);
+        let forged = (1..=*last)
+            .map(|seq| Delivered {
+                seq,
+                tag: u64::MAX,
+                k: 0,
+            })
+            .collect();
+        h.push(lie(
+            o,
+            Call::Follow {
+                stream: *stream,
+                epoch,
+            },
+            Answer::Followed {
+                events: forged,
+                end: FollowEnd::Open,
+            },
+        ));
+        out.push(("a follow delivering events no call wrote", h));
     }
     if let Some(o) = ops
         .iter()

@@ -10,6 +10,29 @@ pub(super) struct StreamModel {
     epoch: u64,
     head: u64,
     phase: Phase,
+    /// Who wrote its events: `(first seq, tag)` of every call that wrote some, in seq
+    /// order (an event's writer is the last entry at or below its seq).
+    writes: Vec<(u64, u64)>,
+}
+
+impl StreamModel {
+    /// Whether event `seq` exists and was written as event `k` of the call tagged `tag`.
+    fn wrote(&self, seq: u64, tag: u64, k: u64) -> bool {
+        seq >= 1
+            && seq <= self.head
+            && self
+                .writes
+                .iter()
+                .rev()
+                .find(|(first, _)| *first <= seq)
+                .is_some_and(|(first, t)| *t == tag && seq - first == k)
+    }
+
+    /// Writes `events` events of the call tagged `tag` after the head.
+    fn write(&mut self, tag: u64, events: u64) {
+        self.writes.push((self.head + 1, tag));
+        self.head += events;
+    }
 }
 
 /// The session's task in the model (`TaskStatus` numbers: 1 working, 2 input_required,
@@ -83,20 +106,37 @@ impl Model {
                 stream,
                 expected,
                 events,
+                tag,
+                ..
             } => {
                 let s = next.stream_mut(*stream)?;
                 if s.phase != Phase::Open || s.head + 1 != *expected {
                     return None;
                 }
-                s.head += events;
+                s.write(*tag, *events);
             }
-            Call::Complete { stream, expected } => {
+            Call::Complete {
+                stream,
+                expected,
+                tag,
+                ..
+            } => {
                 let s = next.stream_mut(*stream)?;
                 if s.phase != Phase::Open || s.head + 1 != *expected {
                     return None;
                 }
-                s.head = *expected;
+                s.write(*tag, 1);
                 s.phase = Phase::Completed;
+            }
+            Call::Abort { stream, tag, frame } => {
+                let s = next.stream_mut(*stream)?;
+                if s.phase != Phase::Open {
+                    return None;
+                }
+                if *frame {
+                    s.write(*tag, 1);
+                }
+                s.phase = Phase::Aborted;
             }
             Call::CreateTask if self.task.is_none() => {
                 next.task = Some(TaskModel {
@@ -170,6 +210,7 @@ impl Model {
                     epoch: *e,
                     head: 0,
                     phase: Phase::Open,
+                    writes: Vec::new(),
                 });
                 self.epoch > 0
                     && self.epoch == *epoch
@@ -181,6 +222,8 @@ impl Model {
                     stream,
                     expected,
                     events,
+                    tag,
+                    ..
                 },
                 Answer::Appended {
                     first,
@@ -194,13 +237,18 @@ impl Model {
                 if *duplicate {
                     fits && s.head >= last_due
                 } else {
-                    let was = s.head;
-                    s.head = last_due;
-                    fits && s.phase == Phase::Open && was + 1 == *expected
+                    let ok = fits && s.phase == Phase::Open && s.head + 1 == *expected;
+                    s.write(*tag, *events);
+                    ok
                 }
             }
             (
-                Call::Complete { stream, expected },
+                Call::Complete {
+                    stream,
+                    expected,
+                    tag,
+                    ..
+                },
                 Answer::Completed {
                     terminal_seq,
                     duplicate,
@@ -211,10 +259,29 @@ impl Model {
                     s.phase == Phase::Completed && s.head == *expected && terminal_seq == expected
                 } else {
                     let ok = s.phase == Phase::Open && s.head + 1 == *expected;
-                    s.head = *expected;
+                    s.write(*tag, 1);
                     s.phase = Phase::Completed;
                     ok && terminal_seq == expected
                 }
+            }
+            (
+                Call::Abort { stream, tag, frame },
+                Answer::Completed {
+                    terminal_seq,
+                    duplicate,
+                },
+            ) => {
+                // An abort names no expected seq, so it is never recognised as a retry.
+                let s = next.stream_mut(*stream)?;
+                let ok = s.phase == Phase::Open && !*duplicate;
+                if *frame {
+                    s.write(*tag, 1);
+                }
+                s.phase = Phase::Aborted;
+                ok && *terminal_seq == s.head
+            }
+            (Call::Follow { stream, .. }, Answer::Followed { events, end }) => {
+                self.followed(*stream, events, end)
             }
             (Call::KeepAlive { stream }, Answer::Alive) => {
                 self.epoch > 0 && self.stream(*stream).is_some_and(|s| s.phase == Phase::Open)
@@ -308,6 +375,31 @@ impl Model {
         ok.then_some(next)
     }
 
+    /// Whether a follow of the stream from its start may have delivered `events` and ended
+    /// so: the events are the stream's first ones, each written by the call its payload
+    /// names, and an end names the stream's terminal state and seq.
+    fn followed(&self, stream: u64, events: &[Delivered], end: &FollowEnd) -> bool {
+        let Some(s) = self.stream(stream) else {
+            return events.is_empty() && *end == FollowEnd::Open;
+        };
+        let in_order = events.iter().zip(1..).all(|(e, seq)| e.seq == seq);
+        in_order
+            && events.iter().all(|e| s.wrote(e.seq, e.tag, e.k))
+            && match end {
+                FollowEnd::Open => true,
+                FollowEnd::Ended {
+                    phase,
+                    terminal_seq,
+                } => {
+                    s.phase != Phase::Open
+                        && phase.is_none_or(|p| p == s.phase)
+                        && *terminal_seq == s.head
+                        && events.last().map_or(0, |e| e.seq) == s.head
+                }
+                FollowEnd::Odd(_) => false,
+            }
+    }
+
     /// Whether a `Resolve` of the stream's start cursor may answer this.
     fn resolved(
         &self,
@@ -341,14 +433,17 @@ impl Model {
                     && *current == self.epoch
                     && !matches!(call, Call::OpenStream { epoch } if epoch == current)
             }
+            // Only a call with an expected seq can conflict with the head.
             Claim::Head(h) => s.is_some_and(|s| {
-                s.head == *h
-                    && !matches!(call, Call::Append { expected, .. } | Call::Complete { expected, .. }
-                        if *expected == h + 1 && s.phase == Phase::Open)
+                let expected = match call {
+                    Call::Append { expected, .. } | Call::Complete { expected, .. } => *expected,
+                    _ => return false,
+                };
+                s.head == *h && !(expected == h + 1 && s.phase == Phase::Open)
             }),
-            Claim::Terminated { phase } => s.is_some_and(|s| {
-                s.phase != Phase::Open && phase.is_none_or(|p| p == s.phase)
-            }),
+            Claim::Terminated { phase } => {
+                s.is_some_and(|s| s.phase != Phase::Open && phase.is_none_or(|p| p == s.phase))
+            }
             Claim::NoStream => self.epoch > 0 && s.is_none(),
             Claim::NoSession => self.epoch == 0,
             Claim::NoTask => self.task.is_none(),

@@ -47,6 +47,71 @@ impl Phase {
     }
 }
 
+/// How a write reached the server: its unary call, one request of an `AppendStream`, or one
+/// item of an `AppendBatch`. Each path plans and answers on its own code; the model treats
+/// them alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Via {
+    /// The unary call (`Append`, `Complete`).
+    #[default]
+    Unary,
+    /// One request of an `AppendStream` call.
+    Stream,
+    /// The one item of an `AppendBatch` call.
+    Batch,
+}
+
+impl Via {
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Unary => "",
+            Self::Stream => " via AppendStream",
+            Self::Batch => " via AppendBatch",
+        }
+    }
+}
+
+/// One event a follow delivered: its seq and, from its payload (`session/tag/k`), the call
+/// that wrote it (`tag`) and its place in that call (`k`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    /// The event's seq.
+    pub seq: u64,
+    /// The tag of the call that wrote it.
+    pub tag: u64,
+    /// Its index in that call's events.
+    pub k: u64,
+}
+
+impl Delivered {
+    /// The event a follow received, `None` when its payload is not `session/tag/k`.
+    pub fn parse(seq: u64, payload: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(payload).ok()?;
+        let mut parts = text.rsplit('/');
+        let k = parts.next()?.parse().ok()?;
+        let tag = parts.next()?.parse().ok()?;
+        Some(Self { seq, tag, k })
+    }
+}
+
+/// How a follow ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FollowEnd {
+    /// The client stopped following (its time or event budget ran out), or the call failed
+    /// with an answer that claims nothing: only the events delivered are claims.
+    Open,
+    /// `StreamEnd`: the stream ended in this phase at this seq.
+    Ended {
+        /// The terminal state.
+        phase: Option<Phase>,
+        /// The terminal seq.
+        terminal_seq: u64,
+    },
+    /// Something the model never explains (a gap, events out of order, a payload this
+    /// workload never wrote, a refusal of a stream the resolution found).
+    Odd(String),
+}
+
 /// A call a client made (the session is the key, on [`Op`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
@@ -69,6 +134,10 @@ pub enum Call {
         expected: u64,
         /// How many events.
         events: u64,
+        /// The call's tag: event `k` carries the payload `session/tag/k`.
+        tag: u64,
+        /// How it was sent.
+        via: Via,
     },
     /// `Complete` with `expected_next_seq`.
     Complete {
@@ -76,6 +145,29 @@ pub enum Call {
         stream: u64,
         /// `expected_next_seq` (the terminal frame's seq).
         expected: u64,
+        /// The call's tag (the terminal frame's payload is `session/tag/0`).
+        tag: u64,
+        /// How it was sent (unary or as a batch item).
+        via: Via,
+    },
+    /// `Abort` (no `expected_next_seq`: it ends the stream at whatever its head is), with
+    /// a terminal (error) frame or without.
+    Abort {
+        /// The stream.
+        stream: u64,
+        /// The call's tag (the frame's payload is `session/tag/0`).
+        tag: u64,
+        /// Whether it carries a terminal frame (written at head + 1).
+        frame: bool,
+    },
+    /// `Read` with `follow` from the stream's start cursor: a read of its events as they
+    /// come and, when it ends, of its end. (The read's first answer, its resolution, is
+    /// recorded as a `Resolve` of its own.)
+    Follow {
+        /// The stream.
+        stream: u64,
+        /// The cursor's epoch.
+        epoch: u64,
     },
     /// `KeepAlive` of a stream (a read of its phase).
     KeepAlive {
@@ -120,6 +212,7 @@ impl Call {
                 | Self::OpenStream { .. }
                 | Self::Append { .. }
                 | Self::Complete { .. }
+                | Self::Abort { .. }
                 | Self::CreateTask
                 | Self::UpdateTask { .. }
                 | Self::FinishTask { .. }
@@ -133,8 +226,19 @@ impl Call {
             Self::GetSession => "GetSession",
             Self::AdvanceEpoch => "AdvanceEpoch",
             Self::OpenStream { .. } => "OpenStream",
+            Self::Append {
+                via: Via::Stream, ..
+            } => "AppendStream",
+            Self::Append {
+                via: Via::Batch, ..
+            } => "AppendBatch",
             Self::Append { .. } => "Append",
+            Self::Complete {
+                via: Via::Batch, ..
+            } => "AppendBatch",
             Self::Complete { .. } => "Complete",
+            Self::Abort { .. } => "Abort",
+            Self::Follow { .. } => "Read(follow)",
             Self::KeepAlive { .. } => "KeepAlive",
             Self::Resolve { .. } => "Resolve",
             Self::CreateTask => "CreateTask",
@@ -148,6 +252,8 @@ impl Call {
         match self {
             Self::Append { stream, .. }
             | Self::Complete { stream, .. }
+            | Self::Abort { stream, .. }
+            | Self::Follow { stream, .. }
             | Self::KeepAlive { stream }
             | Self::Resolve { stream, .. } => Some(*stream),
             _ => None,
@@ -166,13 +272,29 @@ impl fmt::Display for Call {
                 stream,
                 expected,
                 events,
+                tag,
+                via,
             } => write!(
                 f,
-                "Append(stream {stream}, expected_next_seq {expected}, {events} events)"
+                "Append(stream {stream}, expected_next_seq {expected}, {events} events, tag {tag}){}",
+                via.suffix()
             ),
-            Self::Complete { stream, expected } => {
-                write!(f, "Complete(stream {stream}, expected_next_seq {expected})")
-            }
+            Self::Complete {
+                stream,
+                expected,
+                tag,
+                via,
+            } => write!(
+                f,
+                "Complete(stream {stream}, expected_next_seq {expected}, tag {tag}){}",
+                via.suffix()
+            ),
+            Self::Abort { stream, tag, frame } => write!(
+                f,
+                "Abort(stream {stream}, {}tag {tag})",
+                if *frame { "with a frame, " } else { "" }
+            ),
+            Self::Follow { stream, epoch } => write!(f, "Read({epoch}-{stream}-0, follow)"),
             Self::KeepAlive { stream } => write!(f, "KeepAlive(stream {stream})"),
             Self::Resolve { stream, epoch } => write!(f, "Resolve({epoch}-{stream}-0)"),
             Self::CreateTask => write!(f, "CreateTask"),
@@ -259,7 +381,7 @@ pub enum Answer {
         /// A retry recognised.
         duplicate: bool,
     },
-    /// `Complete`.
+    /// `Complete` or `Abort` (a `TerminateResponse`).
     Completed {
         /// The terminal seq.
         terminal_seq: u64,
@@ -294,6 +416,13 @@ pub enum Answer {
         phase: Option<Phase>,
         /// `head`.
         head: Option<u64>,
+    },
+    /// What a follow delivered, and how it ended.
+    Followed {
+        /// The events, in the order they came.
+        events: Vec<Delivered>,
+        /// How it ended.
+        end: FollowEnd,
     },
     /// A definite refusal.
     Refused {
@@ -438,6 +567,17 @@ impl fmt::Display for Answer {
                 duplicate,
             } => write!(f, "OK terminal seq {terminal_seq} duplicate {duplicate}"),
             Self::Alive => write!(f, "OK"),
+            Self::Followed { events, end } => {
+                let seqs = match (events.first(), events.last()) {
+                    (Some(a), Some(b)) => format!("seqs {}..={}", a.seq, b.seq),
+                    _ => "no events".into(),
+                };
+                let tags: Vec<String> = events
+                    .iter()
+                    .map(|e| format!("{}:{}/{}", e.seq, e.tag, e.k))
+                    .collect();
+                write!(f, "{seqs} [{}], {end:?}", tags.join(" "))
+            }
             Self::Task {
                 version,
                 status,
@@ -530,6 +670,12 @@ impl Recorder {
     /// Records a call that ended now.
     pub fn record(&self, mut op: Op) {
         op.end = self.now().max(op.start + 1);
+        self.ops.lock().expect("recorder lock").push(op);
+    }
+
+    /// Records a call whose end was taken already (`op.end`, from [`Recorder::now`]).
+    pub fn record_ended(&self, mut op: Op) {
+        op.end = op.end.max(op.start + 1);
         self.ops.lock().expect("recorder lock").push(op);
     }
 

@@ -187,7 +187,10 @@ pub(super) fn read_only(op: &Op) -> bool {
         Answer::Appended { duplicate, .. } | Answer::Completed { duplicate, .. } => *duplicate,
         Answer::Session { created, .. } => *created != Some(true),
         Answer::Advanced { .. } | Answer::Opened { .. } => false,
-        Answer::Alive | Answer::Resolved { .. } | Answer::TaskRead { .. } => true,
+        Answer::Alive
+        | Answer::Resolved { .. }
+        | Answer::TaskRead { .. }
+        | Answer::Followed { .. } => true,
         Answer::Task {
             duplicate, created, ..
         } => match op.call {
