@@ -91,6 +91,18 @@ impl CursorLogService {
     }
 }
 
+/// Runs a point read of the index (a few keys: the memtable, and sled's cache or a page of
+/// its file) on the calling task. For reads this small the blocking pool's hop costs more
+/// than the read: two thread wake-ups per call, which on a busy 2-core machine were a
+/// measurable share of a `GetTask` (issue 31 item 3). Reads of the log's segments, which
+/// can be long, stay on the pool ([`run_blocking`]).
+pub(crate) fn point_read<T>(
+    engine: &Engine,
+    f: impl FnOnce(&Engine) -> engine::Result<T>,
+) -> Result<T, Status> {
+    f(engine).map_err(|err| status::from_engine(&err))
+}
+
 pub(crate) async fn run_blocking<T, F>(engine: &Engine, f: F) -> Result<T, Status>
 where
     F: FnOnce(&Engine) -> engine::Result<T> + Send + 'static,
@@ -167,14 +179,11 @@ impl CursorLog for CursorLogService {
     ) -> Result<Response<pb::GetSessionResponse>, Status> {
         let session = convert::required_str("session", request.into_inner().session)?;
         self.linearizable().await?;
-        let view = self
-            .blocking(move |e| e.session(&session))
-            .await?
-            .ok_or_else(|| {
-                Status::not_found(
-                    "session not found: it was never opened or is past its metadata horizon",
-                )
-            })?;
+        let view = point_read(&self.engine, |e| e.session(&session))?.ok_or_else(|| {
+            Status::not_found(
+                "session not found: it was never opened or is past its metadata horizon",
+            )
+        })?;
         let idle_ttl_ms = self
             .engine
             .config()

@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::task as convert;
 use crate::read_slots::ReadSlots;
-use crate::service::run_blocking;
+use crate::service::{point_read, run_blocking};
 use crate::status;
 
 /// The tasks service state shared by all calls.
@@ -103,7 +103,7 @@ impl Tasks for TasksService {
         let task = convert::task_ref(r.owner, r.task_id)?;
         let include_outcome = r.include_outcome;
         self.linearizable().await?;
-        let view = run_blocking(&self.engine, move |e| e.task(&task, include_outcome)).await?;
+        let view = point_read(&self.engine, |e| e.task(&task, include_outcome))?;
         Ok(Response::new(convert::view(view)))
     }
 
