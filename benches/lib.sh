@@ -180,6 +180,17 @@ cursorlog_replay() {
   stop_cursorlog
 }
 
+# `cursorlog_stalled`: 400 follow calls (one connection each) that stop reading after their
+# resolution, 40 MiB appended to the 4 streams they follow; the server's RssAnon before and
+# after (issue 31 item 4: they may add at most 30 MiB).
+cursorlog_stalled() {
+  log "cursorlog: 400 stalled followers, 40 MiB appended"
+  start_cursorlog stalled
+  bench --json "$OUT/cursorlog-stalled.json" stalled --followers 400 --connections 400 \
+    --streams 4 --append-mib 40 --payload "$PAYLOAD"
+  stop_cursorlog
+}
+
 # `redis_replay ROUND`: XRANGE COUNT 1000 paging of the `replay` stream; CPU of both processes
 # over redis-replay's measurement window (after its 1 s warm-up) in ...cpu.json.
 redis_replay() {

@@ -58,7 +58,7 @@ def fmt(x: float, unit: str) -> str:
         return f"{x / 1000:.1f} k" if x >= 10_000 else f"{x:.0f}"
     if unit == "tasks/s":
         return f"{x:.1f}" if x < 100 else f"{x:.0f}"
-    if unit in ("µs/ev", "µs/call", "ms"):
+    if unit in ("µs/ev", "µs/call", "ms", "MiB"):
         return f"{x:.2f}" if x < 10 else f"{x:.1f}"
     return f"{x:.3g}"
 
@@ -142,6 +142,15 @@ def single_rows(out: str) -> list[Row]:
             peer.append((eps, {"redis": per_ev(cores.get("redis-server"), eps), "reader": per_ev(cores.get("command"), eps)}))
         rows.append(row("replay, 1 reader, Read vs XRANGE COUNT 1000", [f"cursorlog-replay-r{r}.json" for r in rounds],
                         peer, (">=", 1.5), peer_names=("redis", "reader")))
+    stalled = os.path.join(out, "cursorlog-stalled.json")
+    if os.path.exists(stalled):
+        x = load(stalled)
+        # The peer column is the budget: issue 31 item 4 allows 30 MiB for 400 followers.
+        budget = 30.0 * x["followers"] / 400
+        rows.append(Row(f"{x['followers']} followers that stopped reading, {x['append_mib']} MiB appended: "
+                        f"server memory added (RssAnon), vs the budget", [x["added_mib"]], [budget],
+                        unit="MiB", target=("<=", 1.0),
+                        cl_cpu=f"{x['per_follower_kib']:.0f} KiB per follower", peer_cpu="–"))
     disks = [os.path.join(out, f"disk-r{r}.json") for r in rounds]
     if all(os.path.exists(d) for d in disks):
         ceiling = {}

@@ -114,6 +114,7 @@ part_single() {
       cursorlog_append 16 "$round" unary
     fi
   done
+  cursorlog_stalled
   redis-cli -p "$REDIS_PORT" info persistence | tr -d '\r' | grep -E '^aof_(enabled|rewrites|last_write_status)' >&2 || true
   stop_redis
 }

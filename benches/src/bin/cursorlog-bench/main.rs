@@ -26,6 +26,7 @@ mod soak;
 mod soak_fleet;
 mod soak_verdict;
 mod spawn;
+mod stalled;
 mod worker;
 mod workloads;
 
@@ -187,6 +188,8 @@ pub enum Workload {
     Soak(soak::SoakArgs),
     /// Durable append throughput with N idle followers vs none, in interleaved rounds.
     Followers(followers::FollowersArgs),
+    /// What follow calls whose clients stopped reading cost the server's memory.
+    Stalled(stalled::StalledArgs),
     /// Replicated (3 processes) vs single node in one run: append throughput per batch size,
     /// failover times, catch-up of a wiped follower. Starts its own servers (ignores --spawn).
     Replicated(replicated::ReplicatedArgs),
@@ -306,6 +309,9 @@ fn main() -> Result<ExitCode, BoxError> {
             Workload::Followers(args) => followers::run(&cli, args, &addr, server_pid)
                 .await
                 .map(Finished::Verdict),
+            Workload::Stalled(args) => stalled::run(&cli, args, &addr, server_pid)
+                .await
+                .map(Finished::Verdict),
             Workload::Replicated(args) => {
                 let bin = match &cli.server_bin {
                     Some(b) => Ok(b.clone()),
@@ -372,7 +378,10 @@ async fn run(cli: &Cli, addr: &str, server_pid: Option<u32>) -> Result<Report, B
         Workload::Append { producers, .. } => *producers,
         Workload::Resolve { clients, .. } | Workload::Mixed { clients, .. } => *clients,
         Workload::Replay { readers, .. } => *readers,
-        Workload::Soak(_) | Workload::Followers(_) | Workload::Replicated(_) => {
+        Workload::Soak(_)
+        | Workload::Followers(_)
+        | Workload::Stalled(_)
+        | Workload::Replicated(_) => {
             return Err("soak, followers and replicated are not closed-loop workloads".into())
         }
     }

@@ -24,6 +24,22 @@ pub fn rss_bytes(pid: u32) -> Result<u64, BoxError> {
     parse_vm_rss(&status).ok_or_else(|| format!("{path} has no parsable VmRSS line").into())
 }
 
+/// The server's anonymous resident memory in bytes (`RssAnon` of `/proc/<pid>/status`: its
+/// heap and stacks, not the page cache it maps or the kernel's socket buffers).
+pub fn rss_anon_bytes(pid: u32) -> Result<u64, BoxError> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+    status_kib(&status, "RssAnon:")
+        .and_then(|kib| kib.checked_mul(1024))
+        .ok_or_else(|| format!("{path} has no parsable RssAnon line").into())
+}
+
+/// The `kB` value of the `/proc/<pid>/status` line starting with `key`.
+fn status_kib(status: &str, key: &str) -> Option<u64> {
+    let value = status.lines().find_map(|l| l.strip_prefix(key))?;
+    value.trim().strip_suffix("kB")?.trim().parse().ok()
+}
+
 /// `VmRSS:   1234 kB` → bytes.
 fn parse_vm_rss(status: &str) -> Option<u64> {
     let value = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;

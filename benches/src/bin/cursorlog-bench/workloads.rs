@@ -281,7 +281,10 @@ pub async fn prepare(
                 }),
             })
         }
-        Workload::Soak(_) | Workload::Followers(_) | Workload::Replicated(_) => {
+        Workload::Soak(_)
+        | Workload::Followers(_)
+        | Workload::Stalled(_)
+        | Workload::Replicated(_) => {
             Err("soak and followers have their own drivers, not a closed-loop setup".into())
         }
         Workload::Mixed {
