@@ -199,3 +199,7 @@ mod tests;
 #[cfg(test)]
 #[path = "history_stream_tests.rs"]
 mod stream_tests;
+
+#[cfg(test)]
+#[path = "history_queue_tests.rs"]
+mod queue_tests;

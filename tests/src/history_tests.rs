@@ -460,7 +460,7 @@ fn a_search_out_of_budget_is_undecided_not_passed() {
     assert_eq!(report.ok, 0);
 }
 
-fn task(version: u64, status: i32, duplicate: bool) -> Answer {
+pub(super) fn task(version: u64, status: i32, duplicate: bool) -> Answer {
     Answer::Task {
         version,
         status,
@@ -469,7 +469,7 @@ fn task(version: u64, status: i32, duplicate: bool) -> Answer {
     }
 }
 
-fn update(input: bool, message: u64, expected: Option<u64>) -> Call {
+pub(super) fn update(input: bool, message: u64, expected: Option<u64>) -> Call {
     Call::UpdateTask {
         input,
         message,
@@ -479,7 +479,7 @@ fn update(input: bool, message: u64, expected: Option<u64>) -> Call {
 
 /// The session's task created (version 1) and moved to input_required with message 1
 /// (version 2), in sequence.
-fn task_setup() -> Vec<Op> {
+pub(super) fn task_setup() -> Vec<Op> {
     vec![
         op(
             0,

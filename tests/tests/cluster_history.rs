@@ -997,6 +997,29 @@ fn injected_lies(ops: &[Op]) -> Vec<(&'static str, Vec<Op>)> {
         ));
         out.push(("a task read older than an acknowledged change", h));
     }
+    if let Some(o) = ops.iter().find(|o| {
+        matches!(
+            o.answer,
+            Answer::Enqueued {
+                duplicate: false,
+                ..
+            }
+        )
+    }) {
+        let Answer::Enqueued { qseq, .. } = &o.answer else {
+            unreachable!()
+        };
+        let mut h = session_of(o);
+        h.push(lie(
+            o,
+            Call::Enqueue { tag: u64::MAX },
+            Answer::Enqueued {
+                qseq: *qseq,
+                duplicate: false,
+            },
+        ));
+        out.push(("an enqueue given the place of an acknowledged one", h));
+    }
     out
 }
 

@@ -36,22 +36,54 @@ impl StreamModel {
 }
 
 /// The session's task in the model (`TaskStatus` numbers: 1 working, 2 input_required,
-/// 3 completed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// 3 completed, 5 cancelled).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct TaskModel {
     version: u64,
     status: i32,
     /// The status message's number (0: none).
     message: u64,
+    /// Its queue (channel 0): the messages waiting, `(qseq, tag)`, oldest first.
+    queue: Vec<(u64, u64)>,
+    /// The last qseq given (the next enqueue gets `tail + 1`).
+    tail: u64,
 }
 
 const WORKING: i32 = 1;
 const INPUT_REQUIRED: i32 = 2;
 const COMPLETED: i32 = 3;
+const CANCELLED: i32 = 5;
 
 impl TaskModel {
-    fn running(self) -> bool {
+    fn new() -> Self {
+        Self {
+            version: 1,
+            status: WORKING,
+            message: 0,
+            queue: Vec::new(),
+            tail: 0,
+        }
+    }
+
+    fn running(&self) -> bool {
         self.status == WORKING || self.status == INPUT_REQUIRED
+    }
+
+    /// Whether an enqueue finds room (the workload's `max_len` is [`QUEUE_LEN`]).
+    fn room(&self) -> bool {
+        self.queue.len() < QUEUE_LEN as usize
+    }
+
+    fn enqueue(&mut self, tag: u64) -> u64 {
+        self.tail += 1;
+        self.queue.push((self.tail, tag));
+        self.tail
+    }
+
+    /// Takes the oldest `max` messages (all of them when fewer wait).
+    fn dequeue(&mut self, max: u32) -> Vec<(u64, u64)> {
+        let take = self.queue.len().min(max as usize);
+        self.queue.drain(..take).collect()
     }
 }
 
@@ -138,12 +170,28 @@ impl Model {
                 }
                 s.phase = Phase::Aborted;
             }
-            Call::CreateTask if self.task.is_none() => {
-                next.task = Some(TaskModel {
-                    version: 1,
-                    status: WORKING,
-                    message: 0,
-                });
+            Call::CreateTask if self.task.is_none() => next.task = Some(TaskModel::new()),
+            Call::CancelTask => {
+                let t = next.task.as_mut()?;
+                if !t.running() {
+                    return None;
+                }
+                t.version += 1;
+                t.status = CANCELLED;
+            }
+            Call::Enqueue { tag } => {
+                let t = next.task.as_mut()?;
+                if !t.room() {
+                    return None;
+                }
+                t.enqueue(*tag);
+            }
+            Call::Dequeue { max, .. } => {
+                let t = next.task.as_mut()?;
+                if t.queue.is_empty() {
+                    return None;
+                }
+                t.dequeue(*max);
             }
             Call::UpdateTask {
                 input,
@@ -303,17 +351,46 @@ impl Model {
                     created,
                     ..
                 },
-            ) => match self.task {
+            ) => match &self.task {
                 None => {
-                    next.task = Some(TaskModel {
-                        version: 1,
-                        status: WORKING,
-                        message: 0,
-                    });
+                    next.task = Some(TaskModel::new());
                     *created == Some(true) && *version == 1 && *status == WORKING
                 }
                 Some(t) => *created == Some(false) && *version == t.version && *status == t.status,
             },
+            (
+                Call::CancelTask,
+                Answer::Task {
+                    version,
+                    status,
+                    duplicate: already_terminal,
+                    ..
+                },
+            ) => {
+                let t = next.task.as_mut()?;
+                if t.running() {
+                    t.version += 1;
+                    t.status = CANCELLED;
+                    !*already_terminal && *version == t.version && *status == CANCELLED
+                } else {
+                    *already_terminal && *version == t.version && *status == t.status
+                }
+            }
+            (Call::Enqueue { tag }, Answer::Enqueued { qseq, duplicate }) => {
+                let t = next.task.as_mut()?;
+                let ok = t.room() && !*duplicate;
+                ok && t.enqueue(*tag) == *qseq
+            }
+            (
+                Call::Dequeue { max, .. },
+                Answer::Dequeued {
+                    messages,
+                    duplicate,
+                },
+            ) => {
+                let t = next.task.as_mut()?;
+                !*duplicate && t.dequeue(*max) == *messages
+            }
             (
                 Call::UpdateTask {
                     input,
@@ -364,7 +441,7 @@ impl Model {
                     t.status == COMPLETED && *duplicate && *version == t.version
                 }
             }
-            (Call::GetTask, Answer::TaskRead { found }) => match (self.task, found) {
+            (Call::GetTask, Answer::TaskRead { found }) => match (&self.task, found) {
                 (None, None) => true,
                 (Some(t), Some((version, status))) => t.version == *version && t.status == *status,
                 _ => false,
@@ -447,13 +524,18 @@ impl Model {
             Claim::NoStream => self.epoch > 0 && s.is_none(),
             Claim::NoSession => self.epoch == 0,
             Claim::NoTask => self.task.is_none(),
-            Claim::TaskEnded { status } => self.task.is_some_and(|t| {
-                !t.running()
+            Claim::QueueFull => {
+                matches!(call, Call::Enqueue { .. })
+                    && self.task.as_ref().is_some_and(|t| !t.room())
+            }
+            Claim::TaskEnded { status } => self.task.as_ref().is_some_and(|t| {
+                matches!(call, Call::UpdateTask { .. } | Call::FinishTask { .. })
+                    && !t.running()
                     && status.is_none_or(|s| s == t.status)
                     // A restated end is a duplicate, not a refusal.
                     && !(matches!(call, Call::FinishTask { .. }) && t.status == COMPLETED)
             }),
-            Claim::TaskVersion(v) => self.task.is_some_and(|t| {
+            Claim::TaskVersion(v) => self.task.as_ref().is_some_and(|t| {
                 t.running()
                     && t.version == *v
                     && matches!(call, Call::UpdateTask { expected: Some(e), .. }

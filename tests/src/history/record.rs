@@ -200,7 +200,26 @@ pub enum Call {
     },
     /// `GetTask` of the session's task (a read of its version and status).
     GetTask,
+    /// `CancelTask` of the session's task, mode `TERMINAL` (it ends `cancelled` now).
+    CancelTask,
+    /// `EnqueueTaskMessage` on the task's queue (channel 0, `max_len` [`QUEUE_LEN`]); the
+    /// message is the call's tag.
+    Enqueue {
+        /// The call's tag, the message's bytes.
+        tag: u64,
+    },
+    /// `DequeueTaskMessages` of at most `max` messages from the task's queue (channel 0),
+    /// with a token of its own.
+    Dequeue {
+        /// `max_messages`.
+        max: u32,
+        /// The call's tag (its token is made of it).
+        tag: u64,
+    },
 }
+
+/// The `max_len` of every enqueue in the workload: small, so full queues are answered too.
+pub const QUEUE_LEN: u32 = 3;
 
 impl Call {
     /// True for the calls that can change the model (when they succeed).
@@ -216,6 +235,9 @@ impl Call {
                 | Self::CreateTask
                 | Self::UpdateTask { .. }
                 | Self::FinishTask { .. }
+                | Self::CancelTask
+                | Self::Enqueue { .. }
+                | Self::Dequeue { .. }
         )
     }
 
@@ -245,6 +267,9 @@ impl Call {
             Self::UpdateTask { .. } => "UpdateTask",
             Self::FinishTask { .. } => "FinishTask",
             Self::GetTask => "GetTask",
+            Self::CancelTask => "CancelTask",
+            Self::Enqueue { .. } => "EnqueueTaskMessage",
+            Self::Dequeue { .. } => "DequeueTaskMessages",
         }
     }
 
@@ -311,6 +336,9 @@ impl fmt::Display for Call {
                 write!(f, "FinishTask(completed, expected_version {expected:?})")
             }
             Self::GetTask => write!(f, "GetTask"),
+            Self::CancelTask => write!(f, "CancelTask(terminal)"),
+            Self::Enqueue { tag } => write!(f, "EnqueueTaskMessage(message {tag})"),
+            Self::Dequeue { max, tag } => write!(f, "DequeueTaskMessages(max {max}, tag {tag})"),
         }
     }
 }
@@ -343,6 +371,8 @@ pub enum Claim {
     },
     /// "task ... is at version V, not E" (ABORTED).
     TaskVersion(u64),
+    /// "the queue of task ... is full: N messages (max M)" (RESOURCE_EXHAUSTED): it held M.
+    QueueFull,
     /// Any other definite refusal (the model has no state that explains it: expiry,
     /// INVALID_ARGUMENT, ...).
     Other,
@@ -401,6 +431,20 @@ pub enum Answer {
         /// `created`, for `CreateTask`.
         created: Option<bool>,
     },
+    /// `EnqueueTaskMessage`.
+    Enqueued {
+        /// The message's place in the queue.
+        qseq: u64,
+        /// A retry recognised by its dedupe key.
+        duplicate: bool,
+    },
+    /// `DequeueTaskMessages`: the messages taken, as `(qseq, tag)`.
+    Dequeued {
+        /// The messages, oldest first.
+        messages: Vec<(u64, u64)>,
+        /// A retry recognised by its token.
+        duplicate: bool,
+    },
     /// `GetTask`: found with this version and status, or (`None`) unknown.
     TaskRead {
         /// `(version, status)` when found.
@@ -458,6 +502,13 @@ impl Answer {
         let what = format!("{code:?}: {message}");
         match code {
             Code::Unavailable if safe => return Self::NotDone { what },
+            Code::ResourceExhausted if message.starts_with("the queue of task") => {
+                return Self::Refused {
+                    code,
+                    message,
+                    claim: Claim::QueueFull,
+                }
+            }
             Code::Unavailable
             | Code::DeadlineExceeded
             | Code::Cancelled
@@ -587,6 +638,13 @@ impl fmt::Display for Answer {
                 f,
                 "OK task version {version} status {status} duplicate {duplicate} created {created:?}"
             ),
+            Self::Enqueued { qseq, duplicate } => {
+                write!(f, "OK qseq {qseq} duplicate {duplicate}")
+            }
+            Self::Dequeued {
+                messages,
+                duplicate,
+            } => write!(f, "OK messages {messages:?} duplicate {duplicate}"),
             Self::TaskRead { found } => match found {
                 Some((version, status)) => write!(f, "OK found version {version} status {status}"),
                 None => write!(f, "OK unknown"),

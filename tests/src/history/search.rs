@@ -187,6 +187,11 @@ pub(super) fn read_only(op: &Op) -> bool {
         Answer::Appended { duplicate, .. } | Answer::Completed { duplicate, .. } => *duplicate,
         Answer::Session { created, .. } => *created != Some(true),
         Answer::Advanced { .. } | Answer::Opened { .. } => false,
+        Answer::Enqueued { duplicate, .. } => *duplicate,
+        Answer::Dequeued {
+            messages,
+            duplicate,
+        } => *duplicate || messages.is_empty(),
         Answer::Alive
         | Answer::Resolved { .. }
         | Answer::TaskRead { .. }

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use cursorlog_tests::cluster::{Client, Cluster};
-use cursorlog_tests::history::{Answer, Call, Claim, Delivered, FollowEnd, Phase, Recorder, Via};
+use cursorlog_tests::history::{
+    Answer, Call, Claim, Delivered, FollowEnd, Phase, Recorder, Via, QUEUE_LEN,
+};
 use cursorlog_tests::{event, pb};
 use tonic::Status;
 
@@ -147,8 +149,8 @@ pub(crate) fn choose(view: &SessionView, rng: &mut Rng, tag: u64) -> Call {
             Some(&view.streams[rng.below(view.streams.len())])
         }
     };
-    if rng.below(100) < 15 {
-        return choose_task(view, rng);
+    if rng.below(100) < 20 {
+        return choose_task(view, rng, tag);
     }
     let r = rng.below(100);
     let stream = any_stream(rng);
@@ -204,20 +206,27 @@ pub(crate) fn choose(view: &SessionView, rng: &mut Rng, tag: u64) -> Call {
 
 /// A call on the session's task: created first (and now and then again, a retry by its
 /// request key), then status changes (some restating, some compare-and-set on the version
-/// last seen), an end, reads.
-fn choose_task(view: &SessionView, rng: &mut Rng) -> Call {
+/// last seen), an end (finished or cancelled), messages through its queue (which outlives
+/// the task's end), reads.
+fn choose_task(view: &SessionView, rng: &mut Rng, tag: u64) -> Call {
     let Some((version, _)) = view.task else {
         return Call::CreateTask;
     };
     let expected = (rng.below(2) == 0).then_some(version);
     match rng.below(100) {
         0..=4 => Call::CreateTask,
-        5..=54 => Call::UpdateTask {
+        5..=44 => Call::UpdateTask {
             input: rng.below(2) == 0,
             message: 1 + rng.below(2) as u64,
             expected,
         },
-        55..=64 => Call::FinishTask { expected },
+        45..=52 => Call::FinishTask { expected },
+        53..=55 => Call::CancelTask,
+        56..=70 => Call::Enqueue { tag },
+        71..=82 => Call::Dequeue {
+            max: 1 + rng.below(2) as u32,
+            tag,
+        },
         _ => Call::GetTask,
     }
 }
@@ -409,6 +418,64 @@ pub(crate) async fn send(
                 .map(|r| {
                     let r = r.into_inner();
                     task_answer(r.task, r.duplicate, None)
+                }),
+            Call::CancelTask => tasks
+                .cancel_task(pb::CancelTaskRequest {
+                    owner: session.clone(),
+                    task_id: "t".into(),
+                    mode: pb::cancel_task_request::Mode::Terminal.into(),
+                    status_message: None,
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    task_answer(r.task, r.already_terminal, None)
+                }),
+            Call::Enqueue { tag } => tasks
+                .enqueue_task_message(pb::EnqueueTaskMessageRequest {
+                    owner: session.clone(),
+                    task_id: "t".into(),
+                    channel: 0,
+                    message: tag.to_string().into_bytes(),
+                    max_len: QUEUE_LEN,
+                    dedupe_key: None,
+                    correlation: None,
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    Answer::Enqueued {
+                        qseq: r.qseq,
+                        duplicate: r.duplicate,
+                    }
+                }),
+            Call::Dequeue { max, tag } => tasks
+                .dequeue_task_messages(pb::DequeueTaskMessagesRequest {
+                    owner: session.clone(),
+                    task_id: "t".into(),
+                    channel: 0,
+                    max_messages: *max,
+                    // Unique per call: no dequeue is a retry of another.
+                    token: format!("d{tag}"),
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    let messages = r
+                        .messages
+                        .iter()
+                        .map(|m| {
+                            let tag = std::str::from_utf8(&m.message)
+                                .ok()
+                                .and_then(|t| t.parse().ok())
+                                .unwrap_or(u64::MAX);
+                            (m.qseq, tag)
+                        })
+                        .collect();
+                    Answer::Dequeued {
+                        messages,
+                        duplicate: r.duplicate,
+                    }
                 }),
             Call::GetTask => tasks
                 .get_task(pb::GetTaskRequest {
