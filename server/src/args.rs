@@ -219,15 +219,25 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub http2_keepalive_timeout_secs: u64,
-    /// Bytes of responses one Read call may hold while its client is not reading; the call
-    /// then pauses (reads nothing more from the log) until the client reads again.
+    /// Bytes of responses one Read call may hold while it replays stored events and its
+    /// client is not reading; the call then pauses (reads nothing more from the log) until
+    /// the client reads again. Room for many events per read is what makes a replay fast.
     #[arg(
         long,
         env = "CURSORLOG_READ_BUFFER_BYTES",
-        default_value_t = 64 * 1024,
+        default_value_t = crate::read_slots::BUFFER_BYTES_DEFAULT,
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub read_buffer_bytes: u32,
+    /// The same once the call has caught up and follows live events (at most
+    /// `--read-buffer-bytes`): what a follower whose client stopped reading holds.
+    #[arg(
+        long,
+        env = "CURSORLOG_FOLLOW_BUFFER_BYTES",
+        default_value_t = crate::read_slots::FOLLOW_BUFFER_BYTES_DEFAULT,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub follow_buffer_bytes: u32,
     /// Bytes of responses all Read calls together may hold; when they are spent, Read calls
     /// pause until clients read.
     #[arg(

@@ -1,8 +1,13 @@
 //! The pipe between a `Read` call's producer and its gRPC response stream, bounded in bytes.
 //!
 //! Every message holds its size in permits of two semaphores until the response stream takes
-//! it (hands it to tonic to encode): the call's own buffer (`--read-buffer-bytes`) and the
-//! budget of all Read calls together (`--read-buffer-bytes-total`). A producer that finds no
+//! it (hands it to tonic to encode): the call's own buffer and the budget of all Read calls
+//! together (`--read-buffer-bytes-total`). The call's buffer is `--read-buffer-bytes` while
+//! it replays stored events, and narrows to `--follow-buffer-bytes` once it has caught up
+//! and follows live ones ([`PipeTx::narrow_to_follow`]): a replay is fastest with room for
+//! many events per read (measured: 433 k events/s with 16 KiB, 1.32 M with 256 KiB), while a
+//! follower whose client stopped reading should cost little (400 of them added 22 MiB to the
+//! server with 8 KiB, 93 MiB with 64 KiB; `benches/HISTORY.md`). A producer that finds no
 //! room waits, counted in `cursorlog_reads_paused`, and reads nothing more from the log
 //! meanwhile ([`PipeTx::room`] tells it how much to read). So a client that stops reading
 //! costs its call at most its buffer (or one event, if an event is larger), whatever is
@@ -10,7 +15,7 @@
 //! A message larger than the call's buffer waits for an empty buffer.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -26,19 +31,23 @@ type Message = Result<pb::ReadResponse, Status>;
 #[derive(Debug)]
 pub struct ReadBuffers {
     per_call: u32,
+    follow: u32,
     total_bytes: u64,
     total: Arc<Semaphore>,
     paused: AtomicU64,
 }
 
 impl ReadBuffers {
-    /// `per_call` bytes for each Read call, `total` for all of them (each at least 1; a call's
-    /// buffer is at most the total).
-    pub fn new(per_call: u32, total: u64) -> Arc<Self> {
+    /// `per_call` bytes for each Read call while it replays, `follow` once it follows live
+    /// events, `total` for all of them (each at least 1; a call's buffer is at most the total,
+    /// its follow buffer at most its buffer).
+    pub fn new(per_call: u32, follow: u32, total: u64) -> Arc<Self> {
         let total = total.clamp(1, Semaphore::MAX_PERMITS as u64);
         let per_call = u64::from(per_call.max(1)).min(total);
+        let follow = u64::from(follow.max(1)).min(per_call);
         Arc::new(Self {
             per_call: u32::try_from(per_call).unwrap_or(u32::MAX),
+            follow: u32::try_from(follow).unwrap_or(u32::MAX),
             total_bytes: total,
             total: Arc::new(Semaphore::new(
                 usize::try_from(total).unwrap_or(Semaphore::MAX_PERMITS),
@@ -96,6 +105,8 @@ pub struct Gone;
 pub struct PipeTx {
     tx: mpsc::UnboundedSender<(Message, Option<Held>)>,
     call: Arc<Semaphore>,
+    /// The call's buffer now, in bytes: the replay size, then the follow size.
+    size: AtomicU32,
     buffers: Arc<ReadBuffers>,
 }
 
@@ -113,6 +124,7 @@ pub fn pipe(buffers: &Arc<ReadBuffers>) -> (PipeTx, PipeRx) {
         PipeTx {
             tx,
             call,
+            size: AtomicU32::new(buffers.per_call),
             buffers: Arc::clone(buffers),
         },
         PipeRx { rx },
@@ -128,7 +140,7 @@ impl PipeTx {
     pub async fn send(&self, message: Message, bytes: usize) -> Result<(), Gone> {
         let n = u32::try_from(bytes)
             .unwrap_or(u32::MAX)
-            .clamp(1, self.buffers.per_call);
+            .clamp(1, self.size.load(Ordering::Relaxed));
         let held = self.hold(n).await?;
         self.tx.send((message, Some(held))).map_err(|_| Gone)
     }
@@ -149,7 +161,7 @@ impl PipeTx {
     /// # Errors
     /// [`Gone`] when the client has gone.
     pub async fn room(&self) -> Result<usize, Gone> {
-        let half = (self.buffers.per_call / 2).max(1);
+        let half = (self.size.load(Ordering::Relaxed) / 2).max(1);
         if self.call.available_permits() < half as usize {
             let _paused = Paused::new(&self.buffers.paused);
             tokio::select! {
@@ -159,6 +171,33 @@ impl PipeTx {
             }
         }
         Ok(self.call.available_permits())
+    }
+
+    /// Narrows the call's buffer to the follow size (once it has caught up), waiting (paused)
+    /// until the client has read what no longer fits. Only the producer calls it.
+    ///
+    /// # Errors
+    /// [`Gone`] when the client has gone.
+    pub async fn narrow_to_follow(&self) -> Result<(), Gone> {
+        let size = self.size.load(Ordering::Relaxed);
+        let excess = size.saturating_sub(self.buffers.follow);
+        if excess == 0 {
+            return Ok(());
+        }
+        if self.call.available_permits() < excess as usize {
+            let _paused = Paused::new(&self.buffers.paused);
+            tokio::select! {
+                () = self.tx.closed() => return Err(Gone),
+                acquired = self.call.acquire_many(excess) => acquired.map_err(|_| Gone)?.forget(),
+            }
+        } else {
+            self.call
+                .try_acquire_many(excess)
+                .map_err(|_| Gone)?
+                .forget();
+        }
+        self.size.store(size - excess, Ordering::Relaxed);
+        Ok(())
     }
 
     /// `n` permits of both budgets, waiting (paused) for them if need be.
@@ -215,7 +254,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_buffer_pauses_the_producer_until_the_client_reads() {
-        let buffers = ReadBuffers::new(100, 1000);
+        let buffers = ReadBuffers::new(100, 100, 1000);
         let (tx, mut rx) = pipe(&buffers);
         tx.send(msg(), 40).await.unwrap();
         assert_eq!(tx.room().await.unwrap(), 60);
@@ -248,7 +287,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_total_budget_is_shared_and_a_large_message_takes_a_whole_buffer() {
-        let buffers = ReadBuffers::new(100, 150);
+        let buffers = ReadBuffers::new(100, 100, 150);
         let (a, mut ra) = pipe(&buffers);
         let (b, _rb) = pipe(&buffers);
         a.send(msg(), 10_000).await.unwrap();
@@ -267,8 +306,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_caught_up_call_narrows_to_the_follow_buffer_once_its_client_read_the_excess() {
+        let buffers = ReadBuffers::new(100, 20, 1000);
+        let (tx, mut rx) = pipe(&buffers);
+        tx.send(msg(), 60).await.unwrap();
+        tx.send(msg(), 10).await.unwrap();
+        let tx = Arc::new(tx);
+        let narrowing = {
+            let tx = Arc::clone(&tx);
+            tokio::spawn(async move { tx.narrow_to_follow().await })
+        };
+        // 70 of 100 are held: 80 must be free before the buffer can shrink to 20.
+        while buffers.paused() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!narrowing.is_finished());
+        rx.next().await.unwrap().unwrap();
+        narrowing.await.unwrap().unwrap();
+        assert_eq!(buffers.paused(), 0);
+        // 10 still held of a buffer of 20.
+        assert_eq!(tx.room().await.unwrap(), 10);
+        rx.next().await.unwrap().unwrap();
+        assert_eq!(tx.room().await.unwrap(), 20);
+        // A message larger than the follow buffer takes the whole of it.
+        tx.send(msg(), 50).await.unwrap();
+        assert_eq!(buffers.held(), 20);
+        // Narrowing again changes nothing.
+        rx.next().await.unwrap().unwrap();
+        tx.narrow_to_follow().await.unwrap();
+        assert_eq!(tx.room().await.unwrap(), 20);
+    }
+
+    #[tokio::test]
     async fn a_gone_client_ends_a_paused_producer() {
-        let buffers = ReadBuffers::new(10, 10);
+        let buffers = ReadBuffers::new(10, 10, 10);
         let (tx, rx) = pipe(&buffers);
         tx.send(msg(), 10).await.unwrap();
         let waiting = tokio::spawn(async move { tx.send(msg(), 10).await });

@@ -171,6 +171,12 @@ impl Reader {
             if !follow {
                 return Ok(());
             }
+            // Caught up: from now on the call holds at most the follow buffer for a client
+            // that stops reading (it waits here until its client read what no longer fits).
+            self.tx
+                .narrow_to_follow()
+                .await
+                .map_err(|_| Stop::ClientGone)?;
             let _guard = self.metrics.follower();
             let session = self.session.clone();
             let follower = run_blocking(&self.engine, move |e| e.follow(&session, stream, after));

@@ -266,6 +266,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     metrics.reads = ReadSlots::with_buffers(
         args.read_calls_max,
         args.read_buffer_bytes,
+        args.follow_buffer_bytes,
         args.read_buffer_bytes_total,
     );
     let metrics = Arc::new(metrics);
