@@ -184,17 +184,12 @@ impl PipeTx {
         if excess == 0 {
             return Ok(());
         }
-        if self.call.available_permits() < excess as usize {
-            let _paused = Paused::new(&self.buffers.paused);
-            tokio::select! {
-                () = self.tx.closed() => return Err(Gone),
-                acquired = self.call.acquire_many(excess) => acquired.map_err(|_| Gone)?.forget(),
-            }
-        } else {
-            self.call
-                .try_acquire_many(excess)
-                .map_err(|_| Gone)?
-                .forget();
+        // Paused only while the client has not read what no longer fits.
+        let _paused = (self.call.available_permits() < excess as usize)
+            .then(|| Paused::new(&self.buffers.paused));
+        tokio::select! {
+            () = self.tx.closed() => return Err(Gone),
+            acquired = self.call.acquire_many(excess) => acquired.map_err(|_| Gone)?.forget(),
         }
         self.size.store(size - excess, Ordering::Relaxed);
         Ok(())
