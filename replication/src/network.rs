@@ -38,20 +38,23 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cursorlog_proto::raft_v1::raft_client::RaftClient;
 use cursorlog_proto::raft_v1::RaftRequest;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
     NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::type_config::alias::SnapshotOf;
+use openraft::OptionalSend;
 use openraft::{ErrorSubject, ErrorVerb, RPCTypes, StorageError};
 use tokio::io::AsyncRead;
 use tonic::metadata::AsciiMetadataValue;
@@ -62,6 +65,7 @@ use crate::append_limit::{
     answer_for_prefix, append_deadline, prefix_to_send, request_bytes, AppendBudget,
     APPEND_BYTES_MAX,
 };
+use crate::append_pipeline::{self, ErrorMap, Pipeline};
 pub use crate::client_options::{ClientOptions, OptionsError, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::codec::{self, SnapshotHead};
 use crate::identity::{ClusterIdentity, CLUSTER_HEADER};
@@ -94,6 +98,8 @@ pub struct NetworkFactory<SD> {
     control: HashMap<String, Channel>,
     /// Each peer's AppendEntries budget, kept across the clients openraft asks for.
     budgets: HashMap<NodeId, AppendBudget>,
+    /// Whether each peer serves `StreamAppend` (cleared when one answers `UNIMPLEMENTED`).
+    pipelines: HashMap<NodeId, Arc<AtomicBool>>,
     _snapshot: PhantomData<fn() -> SD>,
 }
 
@@ -117,6 +123,7 @@ impl<SD> NetworkFactory<SD> {
             channels: HashMap::new(),
             control: HashMap::new(),
             budgets: HashMap::new(),
+            pipelines: HashMap::new(),
             _snapshot: PhantomData,
         }
     }
@@ -153,6 +160,11 @@ impl<SD> NetworkFactory<SD> {
             .entry(target)
             .or_insert_with(|| AppendBudget::new(APPEND_BYTES_MAX))
             .clone();
+        let pipelined = Arc::clone(
+            self.pipelines
+                .entry(target)
+                .or_insert_with(|| Arc::new(AtomicBool::new(true))),
+        );
         NetworkClient {
             id: self.id,
             target,
@@ -162,6 +174,7 @@ impl<SD> NetworkFactory<SD> {
             identity: self.identity.clone(),
             max_message_bytes: max,
             budget,
+            pipelined,
             _snapshot: PhantomData,
         }
     }
@@ -206,6 +219,9 @@ pub struct NetworkClient<SD> {
     /// How many entry bytes the next AppendEntries may carry (shared with this peer's other
     /// clients).
     budget: AppendBudget,
+    /// Whether the peer serves `StreamAppend` (see [`crate::append_pipeline`]); shared with
+    /// this peer's other clients.
+    pipelined: Arc<AtomicBool>,
     _snapshot: PhantomData<fn() -> SD>,
 }
 
@@ -247,15 +263,18 @@ impl Unary {
     }
 }
 
-/// A request with the deadline, the token and the sender's cluster identity.
+/// A request with the deadline (none for a stream that lives as long as its use), the token
+/// and the sender's cluster identity.
 fn request<T>(
     message: T,
-    deadline: Duration,
+    deadline: Option<Duration>,
     authorization: Option<&AsciiMetadataValue>,
     identity: Option<&ClusterIdentity>,
 ) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    request.set_timeout(deadline);
+    if let Some(deadline) = deadline {
+        request.set_timeout(deadline);
+    }
     if let Some(value) = authorization {
         request
             .metadata_mut()
@@ -322,7 +341,7 @@ impl<SD> NetworkClient<SD> {
             .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
         let req = request(
             RaftRequest { data: data.into() },
-            deadline,
+            Some(deadline),
             self.authorization.as_ref(),
             self.identity.as_ref(),
         );
@@ -345,6 +364,90 @@ impl<SD> NetworkClient<SD> {
     }
 
     fn timeout(&self, action: RPCTypes, timeout: Duration) -> RPCError<TypeConfig> {
+        self.errors().timeout(action, timeout)
+    }
+
+    /// The openraft error for a failed call (see the table in the module docs).
+    fn status_error(
+        &self,
+        status: &Status,
+        action: RPCTypes,
+        deadline: Duration,
+    ) -> RPCError<TypeConfig> {
+        self.errors().status(status, action, deadline)
+    }
+
+    fn errors(&self) -> CallErrors {
+        CallErrors {
+            id: self.id,
+            target: self.target,
+        }
+    }
+
+    /// Opens a `StreamAppend` call and pipelines `input` on it (see
+    /// [`crate::append_pipeline`]). A peer that does not serve the call (an older build)
+    /// is marked so, and the next stream to it goes one AppendEntries at a time.
+    async fn open_pipeline<S>(
+        &self,
+        input: S,
+        option: &RPCOption,
+    ) -> Result<Pipeline<S, CallErrors>, RPCError<TypeConfig>>
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin + Send + 'static,
+    {
+        let base = option.soft_ttl().max(APPEND_DEADLINE_MIN);
+        let mut client = self
+            .client
+            .clone()
+            .map_err(|reason| RPCError::Unreachable(Unreachable::from_string(reason.as_str())))?;
+        let (tx, outbound) = append_pipeline::outbound();
+        // No deadline on the call: it lasts as long as openraft's stream; each request's
+        // answer has its own.
+        let req = request(
+            outbound,
+            None,
+            self.authorization.as_ref(),
+            self.identity.as_ref(),
+        );
+        let replies = match tokio::time::timeout(base, client.stream_append(req)).await {
+            Err(_elapsed) => return Err(self.timeout(RPCTypes::AppendEntries, base)),
+            Ok(Err(status)) if status.code() == Code::Unimplemented => {
+                self.pipelined.store(false, Ordering::Relaxed);
+                tracing::info!(
+                    peer = self.target,
+                    "the peer does not serve StreamAppend (an older build): AppendEntries go \
+                     to it one at a time"
+                );
+                // Retried at once, without the pipeline.
+                return Err(RPCError::Network(NetworkError::new(&status)));
+            }
+            Ok(Err(status)) => {
+                return Err(self.status_error(&status, RPCTypes::AppendEntries, base))
+            }
+            Ok(Ok(replies)) => replies.into_inner(),
+        };
+        Ok(Pipeline::new(
+            input,
+            tx,
+            replies,
+            self.budget.clone(),
+            self.max_message_bytes,
+            base,
+            self.target,
+            self.errors(),
+        ))
+    }
+}
+
+/// How a failed call of this node to `target` becomes an openraft error.
+#[derive(Debug, Clone, Copy)]
+struct CallErrors {
+    id: NodeId,
+    target: NodeId,
+}
+
+impl ErrorMap for CallErrors {
+    fn timeout(&self, action: RPCTypes, timeout: Duration) -> RPCError<TypeConfig> {
         RPCError::Timeout(Timeout {
             action,
             id: self.id,
@@ -353,8 +456,7 @@ impl<SD> NetworkClient<SD> {
         })
     }
 
-    /// The openraft error for a failed call (see the table in the module docs).
-    fn status_error(
+    fn status(
         &self,
         status: &Status,
         action: RPCTypes,
@@ -461,6 +563,35 @@ where
         })
     }
 
+    /// Pipelined on a `StreamAppend` call (see [`crate::append_pipeline`]), or one
+    /// AppendEntries at a time to a peer that does not serve it.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        if !self.pipelined.load(Ordering::Relaxed) {
+            return stream_append_sequential(self, input, option);
+        }
+        Box::pin(async move {
+            let pipeline = self.open_pipeline(input, &option).await?;
+            let answers: BoxStream<'s, _> = Box::pin(pipeline.answers());
+            Ok(answers)
+        })
+    }
+
     async fn vote(
         &mut self,
         rpc: VoteRequest<TypeConfig>,
@@ -557,7 +688,7 @@ where
         // call's own gRPC deadline is only an outer cap.
         let req = request(
             chunks,
-            TRANSFER_MAX,
+            Some(TRANSFER_MAX),
             self.authorization.as_ref(),
             self.identity.as_ref(),
         );

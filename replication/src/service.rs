@@ -11,12 +11,15 @@
 //! stopped (openraft's `Fatal`) is `UNAVAILABLE`; a snapshot stream that ends before its
 //! done chunk, or has no head, is `INVALID_ARGUMENT` and installs nothing.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cursorlog_proto::raft_v1::raft_server::{Raft as RaftRpc, RaftServer};
 use cursorlog_proto::raft_v1::{RaftReply, RaftRequest, SnapshotChunk};
+use futures_util::{Stream, StreamExt as _};
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, TransferLeaderRequest, VoteRequest,
@@ -30,7 +33,7 @@ use crate::amnesia::VoteGuard;
 use crate::codec::{self, CodecError, SnapshotHead};
 use crate::identity::ClusterIdentity;
 use crate::network::DEFAULT_MAX_MESSAGE_BYTES;
-use crate::types::{Raft, TypeConfig};
+use crate::types::{LogId, Raft, TypeConfig};
 
 /// Where a received snapshot's bytes go, and how they become the state machine's snapshot
 /// data `SD`. The transport streams bytes; the store decides whether they land in memory or in
@@ -85,6 +88,8 @@ where
     guard: VoteGuard,
     /// This member's cluster identity: requests of another cluster are refused.
     identity: Option<ClusterIdentity>,
+    /// Turns true when the server shuts down: open `StreamAppend` calls then end.
+    shutdown: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl<SM, K> std::fmt::Debug for RaftService<SM, K>
@@ -110,6 +115,7 @@ where
             sink: Arc::new(sink),
             guard: VoteGuard::default(),
             identity: None,
+            shutdown: None,
         }
     }
 
@@ -192,6 +198,15 @@ where
             .map_or(Ok(()), |identity| identity.admit(metadata))
     }
 
+    /// Ends every open `StreamAppend` call once `shutdown` turns true (or its sender is
+    /// gone). A leader holds such a call open for as long as it replicates to this member,
+    /// so a server that drains its calls before it stops must end them first; without this
+    /// they end only when the leader ends them.
+    pub fn with_shutdown(mut self, shutdown: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.shutdown = Some(shutdown);
+        self
+    }
+
     /// Refuses votes and pre-votes as `guard` says (a member that may have lost its vote).
     pub fn with_vote_guard(mut self, guard: VoteGuard) -> Self {
         self.guard = guard;
@@ -247,6 +262,101 @@ where
     }
 }
 
+/// The follower's answers on a `StreamAppend` call.
+type AppendAnswers = Pin<Box<dyn Stream<Item = Result<RaftReply, Status>> + Send + 'static>>;
+
+/// Why a `StreamAppend` call's requests stopped before the leader ended them: the answers
+/// end with it once every request before it is answered.
+type InboundFailure = Arc<Mutex<Option<Status>>>;
+
+impl<SM, K> RaftService<SM, K>
+where
+    SM: RaftStateMachine<TypeConfig>,
+    K: SnapshotSink<SM::SnapshotData>,
+{
+    /// The follower's side of a pipelined AppendEntries (`crate::append_pipeline`): the
+    /// requests go, in order, through openraft's `Raft::stream_append`, and each answer
+    /// goes back as it comes, after the vote guard saw what it acknowledges (as for a unary
+    /// AppendEntries). A request that does not decode ends the answers with
+    /// `INVALID_ARGUMENT` after those of the requests before it.
+    fn append_answers(&self, inbound: Streaming<RaftRequest>) -> AppendAnswers {
+        let failure: InboundFailure = Arc::default();
+        // Each request's leader commit, oldest first, for the guard when its answer comes.
+        let commits: Arc<Mutex<VecDeque<Option<LogId>>>> = Arc::default();
+        let state = (
+            inbound,
+            Arc::clone(&failure),
+            Arc::clone(&commits),
+            self.shutdown.clone(),
+        );
+        let requests = futures_util::stream::unfold(
+            state,
+            |(mut inbound, fail, pending, mut down)| async move {
+                let next = tokio::select! {
+                    next = inbound.message() => next,
+                    () = shutting_down(down.as_mut()) => return None,
+                };
+                let message = match next {
+                    Ok(Some(message)) => message,
+                    Ok(None) => return None,
+                    Err(status) => {
+                        *fail.lock().unwrap_or_else(PoisonError::into_inner) = Some(status);
+                        return None;
+                    }
+                };
+                match codec::decode::<AppendEntriesRequest<TypeConfig>>(
+                    "AppendEntries",
+                    &message.data,
+                ) {
+                    Ok(rpc) => {
+                        pending
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push_back(rpc.leader_commit);
+                        Some((rpc, (inbound, fail, pending, down)))
+                    }
+                    Err(err) => {
+                        *fail.lock().unwrap_or_else(PoisonError::into_inner) =
+                            Some(bad_request(err));
+                        None
+                    }
+                }
+            },
+        );
+        let guard = self.guard.clone();
+        let answers = self.raft.stream_append(requests).map(move |answer| {
+            let result = answer.map_err(stopped)?;
+            let leader_commit = commits
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop_front()
+                .flatten();
+            if let Ok(holds) = &result {
+                guard.accepted_append(holds.map(|h| h.index), leader_commit);
+            }
+            reply("StreamAppendResult", &result)
+        });
+        let tail = futures_util::stream::once(async move {
+            failure
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+        })
+        .filter_map(|failure| async move { failure.map(Err) });
+        Box::pin(answers.chain(tail))
+    }
+}
+
+/// Resolves once `shutdown` turns true or its sender is gone; never without one.
+async fn shutting_down(shutdown: Option<&mut tokio::sync::watch::Receiver<bool>>) {
+    match shutdown {
+        Some(rx) => {
+            let _ = rx.wait_for(|down| *down).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// A request that does not decode.
 fn bad_request(err: CodecError) -> Status {
     Status::invalid_argument(err.to_string())
@@ -294,6 +404,16 @@ where
             self.guard.accepted_append(holds, leader_commit);
         }
         reply("AppendEntriesResponse", &response).map(Response::new)
+    }
+
+    type StreamAppendStream = AppendAnswers;
+
+    async fn stream_append(
+        &self,
+        request: Request<Streaming<RaftRequest>>,
+    ) -> Result<Response<AppendAnswers>, Status> {
+        self.admit(request.metadata())?;
+        Ok(Response::new(self.append_answers(request.into_inner())))
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {

@@ -38,6 +38,8 @@ struct Node {
     addr: String,
     raft: Raft<MemStateMachine>,
     sm: MemStateMachine,
+    /// Ends the Raft service's open `StreamAppend` calls (the server drains calls first).
+    shutdown: tokio::sync::watch::Sender<bool>,
     stop_server: oneshot::Sender<()>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -49,6 +51,7 @@ impl Node {
 
     /// Stops the gRPC server (peers now get connection refused), then the Raft node.
     async fn stop(self) {
+        let _ = self.shutdown.send(true);
         let _ = self.stop_server.send(());
         tokio::time::timeout(WAIT, self.server)
             .await
@@ -85,7 +88,10 @@ async fn start_timed(id: NodeId, token: Option<&str>, timing: ClusterTiming) -> 
     )
     .await
     .expect("raft starts");
-    let service = RaftService::new(raft.clone(), InMemorySnapshots).into_server();
+    let (shutdown, down) = tokio::sync::watch::channel(false);
+    let service = RaftService::new(raft.clone(), InMemorySnapshots)
+        .with_shutdown(down)
+        .into_server();
     let expected = token.map(|t| format!("Bearer {t}"));
     let check = move |req: tonic::Request<()>| match &expected {
         None => Ok(req),
@@ -106,6 +112,7 @@ async fn start_timed(id: NodeId, token: Option<&str>, timing: ClusterTiming) -> 
         addr,
         raft,
         sm,
+        shutdown,
         stop_server,
         server,
     }
@@ -410,6 +417,64 @@ async fn a_refused_connection_is_unreachable() {
     {
         Err(RPCError::Unreachable(_)) => {}
         other => panic!("a refused connection must be Unreachable: {other:?}"),
+    }
+}
+
+/// A pipelined AppendEntries that does not decode ends the follower's answers with
+/// `INVALID_ARGUMENT` (the leader backs off, as from a codec mismatch); nothing is appended.
+#[tokio::test]
+async fn a_streamed_append_that_does_not_decode_is_refused_as_invalid() {
+    let nodes = cluster([1]).await;
+    let mut raw = cursorlog_proto::raft_v1::raft_client::RaftClient::connect(format!(
+        "http://{}",
+        nodes[0].addr
+    ))
+    .await
+    .expect("connect");
+    let garbage = cursorlog_proto::raft_v1::RaftRequest {
+        data: vec![0xff; 7].into(),
+    };
+    let mut answers = raw
+        .stream_append(futures_util::stream::iter([garbage]))
+        .await
+        .expect("the call opens")
+        .into_inner();
+    match tokio::time::timeout(WAIT, answers.message()).await {
+        Ok(Err(status)) => assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}"),
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+/// A leader holds its `StreamAppend` calls open for as long as it replicates; a member whose
+/// server shuts down ends them (its server drains calls before it stops, and would wait for
+/// them for its whole grace period: a restarted member in CI found its directory still
+/// locked by the old node).
+#[tokio::test]
+async fn an_open_streamed_append_ends_when_the_server_shuts_down() {
+    let nodes = cluster([1]).await;
+    let mut raw = cursorlog_proto::raft_v1::raft_client::RaftClient::connect(format!(
+        "http://{}",
+        nodes[0].addr
+    ))
+    .await
+    .expect("connect");
+    let (requests, outbound) = tokio::sync::mpsc::channel(1);
+    let mut answers = raw
+        .stream_append(tokio_stream::wrappers::ReceiverStream::new(outbound))
+        .await
+        .expect("the call opens")
+        .into_inner();
+    nodes[0].shutdown.send(true).expect("the service listens");
+    match tokio::time::timeout(WAIT, answers.message()).await {
+        Ok(Ok(None)) => {}
+        other => panic!("expected the answers to end, got {other:?}"),
+    }
+    drop(requests);
+    for node in nodes {
+        node.stop().await;
     }
 }
 

@@ -340,6 +340,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             )
             .with_vote_guard(node.vote_guard())
             .with_identity(node.identity())
+            .with_shutdown(shutdown_rx.clone())
             .into_server(),
             check.clone(),
         )

@@ -60,6 +60,8 @@ pub struct Node {
     pub raft: Raft<CountingSm>,
     /// Appends through its log store.
     pub counts: Arc<AppendCounts>,
+    /// Ends the Raft service's open `StreamAppend` calls (the server drains calls first).
+    shutdown: tokio::sync::watch::Sender<bool>,
     stop_server: oneshot::Sender<()>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -91,7 +93,10 @@ impl Node {
         )
         .await
         .map_err(raft_err)?;
-        let service = RaftService::new(raft.clone(), InMemorySnapshots).into_server();
+        let (shutdown, down) = tokio::sync::watch::channel(false);
+        let service = RaftService::new(raft.clone(), InMemorySnapshots)
+            .with_shutdown(down)
+            .into_server();
         let (stop_server, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(
             tonic::transport::Server::builder()
@@ -106,6 +111,7 @@ impl Node {
             dir: dir.to_path_buf(),
             raft,
             counts,
+            shutdown,
             stop_server,
             server,
         })
@@ -116,6 +122,7 @@ impl Node {
     /// # Errors
     /// The server or Raft failed while stopping.
     pub async fn stop(self) -> Result<(), BenchError> {
+        let _ = self.shutdown.send(true);
         let _ = self.stop_server.send(());
         self.server
             .await

@@ -53,6 +53,8 @@ pub fn serve(routes: tonic::service::Routes, listener: TcpListener) -> Server {
 /// A running member: its node and the server of its Raft service.
 pub struct Running {
     pub node: ReplicatedNode,
+    /// Ends the Raft service's open `StreamAppend` calls (the server drains calls first).
+    shutdown: tokio::sync::watch::Sender<bool>,
     stop_server: oneshot::Sender<()>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -60,6 +62,7 @@ pub struct Running {
 impl Running {
     /// Stops the server, then the node.
     pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
         let _ = self.stop_server.send(());
         let _ = tokio::time::timeout(WAIT, self.server).await;
         self.node.shutdown().await.expect("the engine closes");
@@ -121,7 +124,10 @@ async fn start(
             other => break other.expect("the node starts"),
         }
     };
-    let service = RaftService::new(node.raft().clone(), SnapshotSpool::default()).into_server();
+    let (shutdown, down) = tokio::sync::watch::channel(false);
+    let service = RaftService::new(node.raft().clone(), SnapshotSpool::default())
+        .with_shutdown(down)
+        .into_server();
     // The admin service too: a member with an empty log asks its peers' status before it
     // forms the cluster (`formation.rs`).
     let admin = cursorlog_replication::AdminService::new(node.clone(), members.clone());
@@ -129,6 +135,7 @@ async fn start(
     let (stop_server, server) = serve(routes, listener);
     Running {
         node,
+        shutdown,
         stop_server,
         server,
     }
