@@ -26,6 +26,10 @@ pub(crate) use sink::{Proposals, Sink};
 
 use gather::{Gather, Producers};
 
+/// Most answers of one group the writer delivers itself instead of handing them to the
+/// acknowledging thread (see [`Writer::acknowledge`]).
+const ACK_INLINE_MAX: usize = 2;
+
 /// A group commit's answers, all successful, handed to the acknowledging thread.
 type Acks = Vec<(ReplyTo, Reply)>;
 
@@ -138,7 +142,8 @@ impl Writer {
         }
     }
 
-    /// Starts the thread that delivers committed answers. Waking a waiting caller is a
+    /// Starts the thread that delivers committed answers (groups of more than
+    /// [`ACK_INLINE_MAX`]). Waking a waiting caller is a
     /// system call (and a cross-CPU wake-up) per request: done here, it would sit between
     /// one group commit's `fdatasync` and the next one's. The writer hands over each
     /// commit's answers in one message instead and goes straight on to the next group.
@@ -169,6 +174,10 @@ impl Writer {
     /// published in the index).
     fn acknowledge(&self, acks: Acks) {
         let acks = match &self.acker {
+            // One or two answers cost the writer no more to deliver than to hand over (each
+            // is one wake-up), and skip the acknowledging thread's own wake-up: a caller
+            // alone in its group (a task call, a lone producer) is answered sooner.
+            Some(_) if acks.len() <= ACK_INLINE_MAX => acks,
             Some(acker) => {
                 let n = acks.len();
                 self.acks_in_flight.fetch_add(n, Ordering::AcqRel);
