@@ -42,10 +42,16 @@ const INLINE_APPLY_ENTRIES_MAX: usize = 16;
 /// they are few and durable already (no `fdatasync` to wait for), so the apply reads them
 /// from the log's in-memory tail and changes the index, a few microseconds per event. The
 /// hop to the blocking pool and back cost more than that on every committed batch
-/// (replicated batch 1: 10 % more events/s, 12 % less CPU per event). A long range (a
-/// member catching up) may read the segments: it goes to the blocking pool.
+/// (benches/HISTORY.md, "Pipelined AppendEntries"). A long range (a member catching up)
+/// may read the segments: it goes to the blocking pool.
+///
+/// Needs a multi-threaded runtime (`block_in_place`); on a single-threaded one, as in some
+/// tests, the apply always goes to the blocking pool.
 fn inline_apply(engine: &Engine, entries: usize, through: u64) -> bool {
-    entries <= INLINE_APPLY_ENTRIES_MAX
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    multi_thread
+        && entries <= INLINE_APPLY_ENTRIES_MAX
         && engine
             .entry_log()
             .is_some_and(|log| log.durable() >= through)
@@ -147,7 +153,10 @@ impl RaftStateMachine<TypeConfig> for EngineStateMachine {
         };
         let engine = self.engine.clone();
         let applied = if inline_apply(&engine, batch.len(), through) {
-            engine.apply_committed(through).map_err(io::Error::other)?
+            // Still blocking, if briefly: the runtime hands this worker's other tasks to
+            // another thread first, so a slow apply never holds up Raft's own tasks.
+            tokio::task::block_in_place(|| engine.apply_committed(through))
+                .map_err(io::Error::other)?
         } else {
             // The engine's apply is synchronous I/O (a sync of the entries, reads of the
             // log): off the runtime's worker threads.
