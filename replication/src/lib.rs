@@ -23,7 +23,7 @@
 pub mod admin;
 pub mod amnesia;
 pub mod append_limit;
-mod append_pipeline;
+pub mod append_pipeline;
 mod client_options;
 pub mod codec;
 pub mod formation;
