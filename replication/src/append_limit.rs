@@ -71,6 +71,23 @@ impl AppendBudget {
             });
     }
 
+    /// [`AppendBudget::failed`], logging at INFO, with `peer` and `why`, when the budget
+    /// shrinks.
+    pub fn failed_to(&self, peer: crate::types::NodeId, sent: usize, why: &dyn std::fmt::Display) {
+        let before = self.limit();
+        self.failed(sent);
+        if self.limit() < before {
+            tracing::info!(
+                peer,
+                sent,
+                limit = self.limit(),
+                %why,
+                "an AppendEntries request carrying entries failed: the next ones to this peer \
+                 carry fewer bytes (doubling back as requests are answered)"
+            );
+        }
+    }
+
     /// A call carrying `sent` entry bytes failed: allow half of what it carried next.
     pub fn failed(&self, sent: usize) {
         if sent == 0 {

@@ -251,18 +251,7 @@ where
 
     /// A request of `bytes` failed: the next ones carry fewer bytes.
     fn failed(&self, bytes: usize, why: &dyn std::fmt::Display) {
-        let before = self.budget.limit();
-        self.budget.failed(bytes);
-        if self.budget.limit() < before {
-            tracing::info!(
-                peer = self.target,
-                sent = bytes,
-                limit = self.budget.limit(),
-                %why,
-                "an AppendEntries request carrying entries failed: the next ones to this peer \
-                 carry fewer bytes (doubling back as requests are answered)"
-            );
-        }
+        self.budget.failed_to(self.target, bytes, why);
     }
 }
 

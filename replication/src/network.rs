@@ -541,20 +541,7 @@ where
         let answer = self.unary(Unary::AppendEntries, sent, deadline).await;
         match &answer {
             Ok(_) => self.budget.answered(bytes),
-            Err(err) => {
-                let before = self.budget.limit();
-                self.budget.failed(bytes);
-                if self.budget.limit() < before {
-                    tracing::info!(
-                        peer = self.target,
-                        sent = bytes,
-                        limit = self.budget.limit(),
-                        %err,
-                        "an AppendEntries call carrying entries failed: the next ones to this \
-                         peer carry fewer bytes (doubling back as calls are answered)"
-                    );
-                }
-            }
+            Err(err) => self.budget.failed_to(self.target, bytes, err),
         }
         let response = answer?;
         Ok(match prefix {

@@ -420,17 +420,21 @@ async fn a_refused_connection_is_unreachable() {
     }
 }
 
+/// A bare client of `node`'s Raft service (no token, no identity), for sending it by hand.
+async fn raw_client(
+    node: &Node,
+) -> cursorlog_proto::raft_v1::raft_client::RaftClient<tonic::transport::Channel> {
+    cursorlog_proto::raft_v1::raft_client::RaftClient::connect(format!("http://{}", node.addr))
+        .await
+        .expect("connect")
+}
+
 /// A pipelined AppendEntries that does not decode ends the follower's answers with
 /// `INVALID_ARGUMENT` (the leader backs off, as from a codec mismatch); nothing is appended.
 #[tokio::test]
 async fn a_streamed_append_that_does_not_decode_is_refused_as_invalid() {
     let nodes = cluster([1]).await;
-    let mut raw = cursorlog_proto::raft_v1::raft_client::RaftClient::connect(format!(
-        "http://{}",
-        nodes[0].addr
-    ))
-    .await
-    .expect("connect");
+    let mut raw = raw_client(&nodes[0]).await;
     let garbage = cursorlog_proto::raft_v1::RaftRequest {
         data: vec![0xff; 7].into(),
     };
@@ -455,12 +459,7 @@ async fn a_streamed_append_that_does_not_decode_is_refused_as_invalid() {
 #[tokio::test]
 async fn an_open_streamed_append_ends_when_the_server_shuts_down() {
     let nodes = cluster([1]).await;
-    let mut raw = cursorlog_proto::raft_v1::raft_client::RaftClient::connect(format!(
-        "http://{}",
-        nodes[0].addr
-    ))
-    .await
-    .expect("connect");
+    let mut raw = raw_client(&nodes[0]).await;
     let (requests, outbound) = tokio::sync::mpsc::channel(1);
     let mut answers = raw
         .stream_append(tokio_stream::wrappers::ReceiverStream::new(outbound))
